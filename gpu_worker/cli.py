@@ -1,0 +1,96 @@
+"""`voicering tiny-model | worker | say | demo`: the worker's commands (heavy imports inside each)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import typer
+
+
+def tiny_model(
+    directory: Path = typer.Argument(..., help="Where to write the stand-in models."),
+    voices: int = typer.Option(2, "--voices", min=0, help="Random LoRA voices to create."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even if a complete copy exists."),
+) -> None:
+    """Write stand-in weights offline: tiny Orpheus-vocab Llama, tokenizer, random SNAC, LoRA voices."""
+    from gpu_worker.stand_in import build_stand_in
+
+    paths = build_stand_in(directory, voices=voices, force=force)
+    typer.echo(json.dumps({"model": str(paths.model), "codec": str(paths.codec), "voices_dir": str(paths.voices),
+                           "voices": sorted(p.name for p in paths.voices.iterdir()) if paths.voices.exists() else []}))
+
+
+def worker(
+    model: str = typer.Option(..., help="Orpheus weights: local path or hub id."),
+    codec: str = typer.Option("hubertsiuzdak/snac_24khz", help="SNAC 24 kHz weights: local path or hub id."),
+    voices_dir: Path = typer.Option(Path("voices"), help="Adapter store: <dir>/<voice id>/."),
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8765),
+    worker_id: str = typer.Option("worker-0"),
+    quantization: str = typer.Option("auto", help="auto (fp8 on CUDA), fp8, none."),
+    max_loras: int = typer.Option(4, help="Adapters resident in the engine at once."),
+    max_streams: int = typer.Option(32, help="Concurrent utterances before 'busy'."),
+    constraint: str = typer.Option("fused", help="Slot-constrained sampling: fused, mask, off."),
+    log_level: str = typer.Option("INFO"),
+) -> None:
+    """Run a GPU worker (vLLM engine + SNAC) serving voices over websockets."""
+    from gpu_worker.settings import WorkerSettings
+    from gpu_worker.worker import run_worker
+
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = WorkerSettings(model=model, codec=codec, voices_dir=voices_dir, host=host, port=port,
+                              worker_id=worker_id, quantization=quantization, max_loras=max_loras,
+                              max_streams=max_streams, constraint=constraint)
+    asyncio.run(run_worker(settings))
+
+
+def say(
+    text: str = typer.Argument(..., help="What to say."),
+    voice: str = typer.Option(..., "--voice", help="Voice id."),
+    worker_url: str = typer.Option("ws://127.0.0.1:8765", "--worker", help="Worker websocket URL."),
+    out: Path = typer.Option(Path("out.wav"), "-o", "--out", help="WAV file to write (24 kHz mono 16-bit)."),
+    seed: int | None = typer.Option(None, help="Sampling seed, for reproducible output."),
+) -> None:
+    """Stream one utterance from a worker into a WAV file; print TTFB and real-time factor."""
+    from gpu_worker.client import WorkerClient, WorkerConnectionLost, WorkerRequestError
+    from gpu_worker.protocol import UtteranceOptions
+    from gpu_worker.wav import write_wav
+
+    async def run() -> None:
+        async with await WorkerClient.connect(worker_url) as client:
+            speech = await client.say(voice, text, options=UtteranceOptions(seed=seed))
+        write_wav(out, speech.pcm)
+        s = speech.done.stats
+        typer.echo(f"{out}: {s.audio_s:.2f} s audio, TTFB {speech.client_ttfb_ms:.0f} ms (worker {s.ttfb_ms} ms), "
+                   f"RTF {s.rtf}, {s.tokens} tokens, {s.frames} frames")
+
+    try:
+        asyncio.run(run())
+    except WorkerRequestError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except (OSError, WorkerConnectionLost) as exc:
+        typer.echo(f"error: cannot reach worker at {worker_url}: {exc}", err=True)
+        raise typer.Exit(3) from None
+
+
+def demo(
+    cache: Path = typer.Option(Path(".cache/stand-in"), help="Where stand-in models are built (cached)."),
+    out_dir: Path = typer.Option(Path("out"), help="Where demo WAVs are written."),
+    model: str | None = typer.Option(None, help="Real Orpheus weights (path or hub id) instead of stand-ins."),
+) -> None:
+    """The main job end to end: stand-ins, embedded Redis, one worker, a WAV per voice."""
+    from gpu_worker.demo import run_demo
+
+    raise typer.Exit(run_demo(cache=cache, out_dir=out_dir, model=model))
+
+
+def register(app: typer.Typer) -> None:
+    """Add this package's commands to the root CLI."""
+    app.command("tiny-model")(tiny_model)
+    app.command("worker")(worker)
+    app.command("say")(say)
+    app.command("demo")(demo)

@@ -1,0 +1,173 @@
+"""A websocket client for one worker: many concurrent utterances over one connection.
+
+Pure asyncio + websockets (no torch), so the CLI, tests and the gateway can all use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from gpu_worker.protocol import (
+    AudioChunk,
+    Cancel,
+    Done,
+    End,
+    Error,
+    Flush,
+    PushText,
+    Start,
+    UtteranceOptions,
+    encode,
+    parse_server,
+)
+
+
+class WorkerRequestError(Exception):
+    """The worker answered an utterance with an error message."""
+
+    def __init__(self, error: Error) -> None:
+        super().__init__(f"{error.code}: {error.message}")
+        self.error = error
+
+    @property
+    def retryable(self) -> bool:
+        return self.error.retryable
+
+
+class WorkerConnectionLost(Exception):
+    retryable = True
+
+
+_CLOSED = object()
+
+
+@dataclass(slots=True)
+class Speech:
+    """A finished utterance as seen by the client."""
+
+    pcm: bytes
+    done: Done
+    client_ttfb_ms: float | None
+    chunks: int
+
+
+@dataclass(slots=True)
+class UtteranceStream:
+    """The client side of one context: iterate PCM chunks, then `done` holds the worker's stats."""
+
+    context_id: str
+    _client: WorkerClient
+    _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    done: Done | None = None
+    started_at: float = field(default_factory=time.perf_counter)
+    first_audio_at: float | None = None
+
+    async def push(self, text: str) -> None:
+        await self._client._send(PushText(self.context_id, text))
+
+    async def flush(self) -> None:
+        await self._client._send(Flush(self.context_id))
+
+    async def end(self) -> None:
+        await self._client._send(End(self.context_id))
+
+    async def cancel(self) -> None:
+        await self._client._send(Cancel(self.context_id))
+
+    async def audio(self) -> AsyncIterator[bytes]:
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, AudioChunk):
+                if self.first_audio_at is None:
+                    self.first_audio_at = time.perf_counter()
+                yield item.pcm
+            elif isinstance(item, Done):
+                self.done = item
+                return
+            elif isinstance(item, Error):
+                raise WorkerRequestError(item)
+            else:
+                raise WorkerConnectionLost("connection to the worker closed mid-stream")
+
+
+class WorkerClient:
+    def __init__(self, ws: ClientConnection) -> None:
+        self._ws = ws
+        self._streams: dict[str, UtteranceStream] = {}
+        self._reader = asyncio.create_task(self._read(), name="worker-client-reader")
+        self.connection_errors: list[Error] = []  # errors not tied to a context
+
+    @classmethod
+    async def connect(cls, url: str, *, open_timeout: float = 10.0) -> WorkerClient:
+        return cls(await connect(url, max_size=1 << 22, open_timeout=open_timeout))
+
+    async def start(self, voice: str, text: str = "", *, options: UtteranceOptions | None = None,
+                    context_id: str | None = None) -> UtteranceStream:
+        context_id = context_id or uuid.uuid4().hex[:16]
+        stream = UtteranceStream(context_id, self)
+        self._streams[context_id] = stream
+        await self._send(Start(context_id, voice, text, options or UtteranceOptions()))
+        return stream
+
+    async def say(self, voice: str, text: str, *, options: UtteranceOptions | None = None) -> Speech:
+        """Speak one text and collect all of its audio."""
+        stream = await self.start(voice, text, options=options)
+        await stream.end()
+        chunks = [pcm async for pcm in stream.audio()]
+        assert stream.done is not None
+        ttfb = (stream.first_audio_at - stream.started_at) * 1000.0 if stream.first_audio_at else None
+        return Speech(b"".join(chunks), stream.done, ttfb, len(chunks))
+
+    async def send_raw(self, raw: str | bytes) -> None:
+        await self._ws.send(raw)
+
+    async def _send(self, message: object) -> None:
+        try:
+            await self._ws.send(encode(message))
+        except ConnectionClosed as exc:
+            raise WorkerConnectionLost(f"worker connection closed: {exc}") from None
+
+    async def _read(self) -> None:
+        try:
+            async for raw in self._ws:
+                if isinstance(raw, bytes):
+                    chunk = AudioChunk.decode(raw)
+                    stream = self._streams.get(chunk.context_id)
+                    if stream is not None:
+                        stream._queue.put_nowait(chunk)
+                    continue
+                message = parse_server(raw)
+                stream = self._streams.get(message.context_id) if message.context_id else None
+                if stream is None:
+                    if isinstance(message, Error):
+                        self.connection_errors.append(message)
+                    continue
+                stream._queue.put_nowait(message)
+                self._streams.pop(message.context_id, None)
+        except ConnectionClosed:
+            pass
+        finally:
+            for stream in self._streams.values():
+                stream._queue.put_nowait(_CLOSED)
+            self._streams.clear()
+
+    async def aclose(self) -> None:
+        await self._ws.close()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+    async def __aenter__(self) -> WorkerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def stats_dict(done: Done) -> dict:
+    return asdict(done.stats)

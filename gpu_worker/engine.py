@@ -1,0 +1,184 @@
+"""The speech engine: vLLM `AsyncLLM` over token-id prompts, streaming generated ids per request.
+
+vLLM is imported inside `SpeechEngine.start`, never at module import, so the gateway and CLI can
+import the worker's types cheaply. FP8 dynamic quantization (weights and KV cache) is a CUDA
+path: on by default when CUDA is present, off on CPU, overridable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gpu_worker.errors import EngineError
+from gpu_worker.orpheus import END_OF_SPEECH, START_OF_TEXT, prompt_ids
+from gpu_worker.sampling import SlotMode, SlotSampling
+
+log = logging.getLogger(__name__)
+
+Quantization = Literal["auto", "fp8", "none"]
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """How the engine is built. One per worker process, read once at start-up."""
+
+    model: str  # local path or hub id of Orpheus weights
+    tokenizer: str | None = None
+    quantization: Quantization = "auto"  # auto: fp8 on CUDA, none elsewhere
+    max_loras: int = 4  # adapters resident per batch (engine slots)
+    max_cpu_loras: int = 16
+    max_lora_rank: int = 32
+    max_num_seqs: int = 32
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.85
+    cpu_kv_cache_gib: int = 2
+    enforce_eager: bool | None = None  # None: eager on CPU, graphs on CUDA
+    seed: int = 0
+
+    def fp8(self) -> bool:
+        if self.quantization == "auto":
+            return cuda_available()
+        return self.quantization == "fp8"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    """Per-utterance sampling; field defaults follow the Orpheus reference (see FIELD-NOTES)."""
+
+    temperature: float = 0.6
+    top_p: float = 0.8
+    repetition_penalty: float = 1.1
+    max_tokens: int | None = None  # None: bounded from the text length
+    seed: int | None = None
+    constraint: SlotMode | Literal["off"] = "fused"
+
+
+@dataclass(frozen=True, slots=True)
+class Voice:
+    """A resolved voice: the name spoken in the prompt and its adapter (None = base model)."""
+
+    name: str
+    prompt_name: str | None
+    adapter_path: str | None = None
+    lora_id: int = 0
+
+
+@dataclass(slots=True)
+class GenerationStats:
+    tokens: int = 0
+    finished_by: str = ""  # "end_of_speech", "length", "aborted"
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class SpeechEngine:
+    """Owns one AsyncLLM. `speak` yields lists of newly generated token ids."""
+
+    def __init__(self, llm: object, tokenizer: object, settings: EngineSettings) -> None:
+        self._llm = llm
+        self._tokenizer = tokenizer
+        self.settings = settings
+
+    @classmethod
+    async def start(cls, settings: EngineSettings) -> SpeechEngine:
+        if not cuda_available():
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_cache_gib))
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from gpu_worker.sampling import SlotConstrainedSampler
+
+        fp8 = settings.fp8()
+        if fp8 and not cuda_available():
+            raise EngineError("fp8 quantization needs CUDA; use --quantization none on this machine")
+        enforce_eager = settings.enforce_eager if settings.enforce_eager is not None else not cuda_available()
+        args = AsyncEngineArgs(
+            model=settings.model,
+            tokenizer=settings.tokenizer or settings.model,
+            dtype="bfloat16",
+            quantization="fp8" if fp8 else None,
+            kv_cache_dtype="fp8" if fp8 else "auto",
+            enable_lora=True,
+            max_loras=settings.max_loras,
+            max_cpu_loras=max(settings.max_cpu_loras, settings.max_loras),
+            max_lora_rank=settings.max_lora_rank,
+            max_num_seqs=settings.max_num_seqs,
+            max_model_len=settings.max_model_len,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=False,
+            seed=settings.seed,
+            logits_processors=[SlotConstrainedSampler],
+        )
+        llm = AsyncLLM.from_engine_args(args)
+        tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or settings.model)
+        bos = tokenizer.encode("")
+        if bos[:1] != [START_OF_TEXT]:
+            log.warning("tokenizer does not start with BOS %d (got %s); prompts follow it as is", START_OF_TEXT, bos)
+        return cls(llm, tokenizer, settings)
+
+    def prompt(self, voice: Voice, text: str) -> list[int]:
+        return prompt_ids(self._tokenizer, voice.prompt_name, text)
+
+    def sampling_params(self, options: SamplingOptions, max_tokens: int) -> object:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        common = dict(max_tokens=max_tokens, stop_token_ids=[END_OF_SPEECH], detokenize=False,
+                      output_kind=RequestOutputKind.DELTA, skip_special_tokens=False)
+        if options.constraint == "fused":
+            # vLLM only takes the argmax of the single logit our processor leaves.
+            slot = SlotSampling("fused", options.temperature, options.top_p, options.repetition_penalty, options.seed)
+            return SamplingParams(temperature=0.0, top_p=1.0, repetition_penalty=1.0,
+                                  extra_args=slot.as_extra_args(), **common)
+        extra = SlotSampling("mask").as_extra_args() if options.constraint == "mask" else None
+        return SamplingParams(temperature=options.temperature, top_p=options.top_p,
+                              repetition_penalty=options.repetition_penalty, seed=options.seed,
+                              extra_args=extra, **common)
+
+    async def speak(
+        self, voice: Voice, prompt: list[int], options: SamplingOptions, max_tokens: int, stats: GenerationStats
+    ) -> AsyncIterator[list[int]]:
+        """Generate audio token ids for one prompt; aborts the engine request if the caller stops early."""
+        from vllm.inputs import TokensPrompt
+        from vllm.lora.request import LoRARequest
+
+        lora = (LoRARequest(lora_name=voice.name, lora_int_id=voice.lora_id, lora_path=voice.adapter_path)
+                if voice.adapter_path else None)
+        request_id = uuid.uuid4().hex
+        finished = False
+        try:
+            async for out in self._llm.generate(
+                TokensPrompt(prompt_token_ids=prompt), self.sampling_params(options, max_tokens),
+                request_id, lora_request=lora,
+            ):
+                completion = out.outputs[0]
+                ids = list(completion.token_ids)
+                stats.tokens += len(ids)
+                if out.finished:
+                    finished = True
+                    stats.finished_by = "end_of_speech" if completion.finish_reason == "stop" else str(completion.finish_reason)
+                if ids:
+                    yield ids
+        except Exception as exc:  # map engine failures at the boundary
+            if isinstance(exc, GeneratorExit):
+                raise
+            raise EngineError(f"engine failed while generating: {exc}") from exc
+        finally:
+            if not finished:
+                stats.finished_by = stats.finished_by or "aborted"
+                await self._llm.abort(request_id)
+
+    async def aclose(self) -> None:
+        self._llm.shutdown()
