@@ -129,15 +129,14 @@ class WorkerServer:
 
     def _launch(self, conn: _Connection, utterance: Utterance) -> None:
         self.active += 1
+        task = asyncio.create_task(utterance.run(), name=f"ctx-{utterance.context_id}")
 
-        async def run() -> None:
-            try:
-                await utterance.run()
-            finally:
-                self.active -= 1
-                conn.contexts.pop(utterance.context_id, None)
+        def finished(_: asyncio.Task) -> None:  # runs even if the task was cancelled before it started
+            self.active -= 1
+            conn.contexts.pop(utterance.context_id, None)
 
-        conn.contexts[utterance.context_id] = (utterance, asyncio.create_task(run(), name=f"ctx-{utterance.context_id}"))
+        task.add_done_callback(finished)
+        conn.contexts[utterance.context_id] = (utterance, task)
 
     async def _write(self, conn: _Connection) -> None:
         while True:
