@@ -1,0 +1,40 @@
+"""Package boundaries and the CLI surface: light imports stay light, commands exist."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+LIGHT_MODULES = ["voicering.cli", "gpu_worker.protocol", "gpu_worker.client", "gpu_worker.orpheus", "hashring", "silence_trim"]
+
+
+@pytest.mark.parametrize("module", LIGHT_MODULES)
+def test_light_modules_never_import_torch_or_vllm(module):
+    code = f"import sys, {module}; heavy = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]; print(heavy)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"{module} pulls in {out.stdout.strip()}"
+
+
+def test_cli_lists_every_command():
+    out = subprocess.run([sys.executable, "-m", "voicering", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for command in ("tiny-model", "worker", "say", "demo", "ring", "trim", "bench", "train", "train-worker", "jobs"):
+        assert command in out.stdout, command
+
+
+def test_version_is_exposed():
+    import voicering
+
+    assert voicering.__all__ == ["__version__"]
+    out = subprocess.run([sys.executable, "-m", "voicering", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == voicering.__version__
+
+
+def test_say_reports_an_unreachable_worker_clearly(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "voicering", "say", "hi", "--voice", "tara", "--worker", "ws://127.0.0.1:9",
+                          "-o", str(tmp_path / "x.wav")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3
+    assert "cannot reach worker" in out.stderr
