@@ -24,26 +24,35 @@ def tiny_model(
 
 
 def worker(
-    model: str = typer.Option(..., help="Orpheus weights: local path or hub id."),
-    codec: str = typer.Option("hubertsiuzdak/snac_24khz", help="SNAC 24 kHz weights: local path or hub id."),
-    voices_dir: Path = typer.Option(Path("voices"), help="Adapter store: <dir>/<voice id>/."),
-    host: str = typer.Option("127.0.0.1"),
-    port: int = typer.Option(8765),
-    worker_id: str = typer.Option("worker-0"),
-    quantization: str = typer.Option("auto", help="auto (fp8 on CUDA), fp8, none."),
-    max_loras: int = typer.Option(4, help="Adapters resident in the engine at once."),
-    max_streams: int = typer.Option(32, help="Concurrent utterances before 'busy'."),
-    constraint: str = typer.Option("fused", help="Slot-constrained sampling: fused, mask, off."),
+    model: str | None = typer.Option(None, help="Orpheus weights: local path or hub id."),
+    codec: str | None = typer.Option(None, help="SNAC 24 kHz weights: local path or hub id."),
+    voices_dir: Path | None = typer.Option(None, help="Adapter store: <dir>/<voice id>/."),
+    host: str | None = typer.Option(None),
+    port: int | None = typer.Option(None),
+    worker_id: str | None = typer.Option(None),
+    quantization: str | None = typer.Option(None, help="auto (fp8 on CUDA), fp8, none."),
+    max_loras: int | None = typer.Option(None, help="Adapters resident in the engine at once."),
+    max_streams: int | None = typer.Option(None, help="Concurrent utterances before 'busy'."),
+    constraint: str | None = typer.Option(None, help="Slot-constrained sampling: fused, mask, off."),
     log_level: str = typer.Option("INFO"),
 ) -> None:
-    """Run a GPU worker (vLLM engine + SNAC) serving voices over websockets."""
+    """Run a GPU worker (vLLM engine + SNAC) serving voices over websockets.
+
+    Options left out come from VOICERING_WORKER_* environment variables, then WorkerSettings defaults.
+    """
+    from pydantic import ValidationError
+
     from gpu_worker.settings import WorkerSettings
     from gpu_worker.worker import run_worker
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = WorkerSettings(model=model, codec=codec, voices_dir=voices_dir, host=host, port=port,
-                              worker_id=worker_id, quantization=quantization, max_loras=max_loras,
-                              max_streams=max_streams, constraint=constraint)
+    given = dict(model=model, codec=codec, voices_dir=voices_dir, host=host, port=port, worker_id=worker_id,
+                 quantization=quantization, max_loras=max_loras, max_streams=max_streams, constraint=constraint)
+    try:
+        settings = WorkerSettings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        typer.echo(f"error: invalid worker settings:\n{exc}", err=True)
+        raise typer.Exit(2) from None
     asyncio.run(run_worker(settings))
 
 
