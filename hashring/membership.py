@@ -1,0 +1,258 @@
+"""Membership: workers join, heartbeat, drain and leave; readers watch the ring.
+
+Worker side, `Heartbeat`: registers the worker (id, websocket and proxy addresses, weight,
+capacity) and refreshes its heartbeat every `heartbeat_interval_s` with its current load. If Redis
+answers that it does not know the worker (Redis restarted empty, or the worker was silent so long
+it was forgotten) it registers again. Outages are logged once and ridden out.
+
+Reader side, `RingWatcher`: holds the current `RingView`. It re-reads Redis whenever an epoch is
+published and at least every `refresh_interval_s` (pub/sub is fire-and-forget, so a lost message
+costs at most one interval). A worker whose heartbeat is older than `heartbeat_ttl_s` is reaped by
+the first reader that looks, so it is out of every reader's ring within TTL + one refresh. When
+Redis is unreachable the watcher keeps serving the last view and reports how stale it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from hashring.errors import RingError, RingUnavailable
+from hashring.records import RingView, Snapshot, WorkerInfo
+from hashring.store import RingStore
+
+__all__ = ["Heartbeat", "RingWatcher"]
+
+log = logging.getLogger(__name__)
+
+
+def _no_load() -> int:
+    return 0
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    """Cancel `task` and wait until it has ended.
+
+    redis-py 8.1's asyncio client sometimes swallows a CancelledError that lands inside a command
+    (a known class of redis-py bugs), so one `cancel()` is not always enough: repeat it until the
+    task ends. The loops also check their owner's closing flag, so a lost cancel costs one turn.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.1)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s ended with an error", task.get_name(), exc_info=task.exception())
+
+
+class Heartbeat:
+    """Keeps one worker registered and alive. `async with Heartbeat(store, info, load=fn):`"""
+
+    def __init__(self, store: RingStore, info: WorkerInfo, *, load: Callable[[], int] = _no_load) -> None:
+        self._store = store
+        self._info = info
+        self._load = load
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    @property
+    def info(self) -> WorkerInfo:
+        return self._info
+
+    async def start(self) -> int:
+        """Register (retrying with backoff) and start heartbeating; returns the epoch."""
+        epoch = await self._store.register(self._info)
+        self._closing = False
+        self._task = asyncio.create_task(self._run(), name=f"ring-heartbeat:{self._info.id}")
+        return epoch
+
+    async def set_draining(self, draining: bool = True) -> int:
+        """Take no new voices (or take them again); streams in progress are not touched."""
+        return await self._store.set_draining(self._info.id, draining)
+
+    async def aclose(self, *, deregister: bool = True) -> None:
+        """Stop heartbeating and, by default, leave the ring at once (else the TTL removes it)."""
+        self._closing = True
+        task, self._task = self._task, None
+        if task is not None:
+            await _stop(task)
+        if deregister:
+            try:
+                await self._store.deregister(self._info.id)
+            except RingError as exc:
+                log.warning("worker %s could not leave the ring cleanly: %s", self._info.id, exc.message)
+
+    async def __aenter__(self) -> Heartbeat:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _run(self) -> None:
+        wid, failing = self._info.id, False
+        while not self._closing:
+            await asyncio.sleep(self._store.settings.heartbeat_interval_s)
+            try:
+                if await self._store.heartbeat(wid, self._load()) < 0:
+                    log.warning("Redis does not know worker %s (restarted empty?); registering again", wid)
+                    await self._store.register(self._info)
+            except RingUnavailable as exc:
+                if not failing:
+                    log.warning("worker %s heartbeat failed, will keep trying: %s", wid, exc.message)
+                failing = True
+                continue
+            if failing:
+                log.info("worker %s reaches Redis again", wid)
+                failing = False
+
+
+class RingWatcher:
+    """A reader's current ring. `async with RingWatcher(store) as watcher: watcher.view`"""
+
+    def __init__(self, store: RingStore) -> None:
+        self._store = store
+        self._settings = store.settings
+        self._view: RingView | None = None
+        self._synced_at: float | None = None
+        self._error: RingUnavailable | None = None
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    # -- what readers use -------------------------------------------------------------------------
+
+    @property
+    def view(self) -> RingView:
+        """The latest ring view; raises RingUnavailable only if none was ever read."""
+        if self._view is None:
+            raise RingUnavailable("no ring has been read from Redis yet; is Redis up and VOICERING_REDIS_URL right?")
+        return self._view
+
+    @property
+    def staleness_s(self) -> float:
+        """Seconds since the view was last confirmed against Redis (inf if never)."""
+        if self._synced_at is None:
+            return float("inf")
+        return asyncio.get_running_loop().time() - self._synced_at
+
+    @property
+    def stale(self) -> bool:
+        """True while the last attempt to read Redis failed (the view is the last good one)."""
+        return self._error is not None
+
+    @property
+    def last_error(self) -> RingUnavailable | None:
+        return self._error
+
+    async def wait_for(self, predicate: Callable[[RingView], bool], timeout: float) -> RingView:
+        """Wait until the view satisfies `predicate`; raises TimeoutError after `timeout` seconds."""
+        async with asyncio.timeout(timeout), self._changed:
+            while self._view is None or not predicate(self._view):
+                await self._changed.wait()
+            return self._view
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> RingView:
+        """Read the ring once (raises RingUnavailable if Redis is down), then keep it fresh."""
+        view = await self.refresh()
+        self._closing = False
+        self._tasks = [
+            asyncio.create_task(self._refresh_loop(), name="ring-refresh"),
+            asyncio.create_task(self._listen_loop(), name="ring-listen"),
+        ]
+        return view
+
+    async def aclose(self) -> None:
+        self._closing = True
+        self._wake.set()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            await _stop(task)
+
+    async def __aenter__(self) -> RingWatcher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def refresh(self) -> RingView:
+        """Read Redis now and swap in the new view; raises RingUnavailable (view kept) on failure."""
+        async with self._lock:
+            try:
+                snap = await self._store.snapshot()
+            except RingUnavailable as exc:
+                self._error = exc
+                raise
+            view = await asyncio.to_thread(
+                RingView.from_snapshot, snap, vnodes=self._settings.vnodes, previous=self._view)
+            if self._lost_data(snap, view):
+                assert self._view is not None
+                self._error = RingUnavailable(
+                    f"Redis has no ring (epoch {snap.epoch}, {len(snap.workers)} workers): it probably restarted "
+                    f"without its data; serving the last ring (epoch {self._view.epoch}) until workers re-register")
+                log.warning(self._error.message)
+                return self._view
+            if self._view is not None and view.epoch != self._view.epoch:
+                log.info("ring epoch %d -> %d: %d workers in the ring", self._view.epoch, view.epoch, len(view.ring))
+            self._view = view
+            self._synced_at = asyncio.get_running_loop().time()
+            self._error = None
+        async with self._changed:
+            self._changed.notify_all()
+        return view
+
+    def _lost_data(self, snap: Snapshot, view: RingView) -> bool:
+        # An empty ring whose epoch went back means Redis lost its data (restarted without
+        # persistence, or flushed); a legitimately empty ring (every worker left, drained or died)
+        # comes with a higher epoch, since each of those changes bumped it.
+        old = self._view
+        return old is not None and len(old.ring) > 0 and len(view.ring) == 0 and snap.epoch < old.epoch
+
+    # -- background tasks -------------------------------------------------------------------------
+
+    async def _refresh_loop(self) -> None:
+        failing = False
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._settings.refresh_interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            if self._closing:
+                return
+            try:
+                await self.refresh()
+            except RingUnavailable as exc:
+                if not failing:
+                    log.warning("ring refresh failed; serving the last ring: %s", exc.message)
+                failing = True
+                continue
+            if failing:
+                log.info("ring refresh works again (epoch %d)", self.view.epoch)
+                failing = False
+
+    async def _listen_loop(self) -> None:
+        retry, attempt = self._settings.retry, 0
+        while not self._closing:
+            try:
+                subscription = await self._store.subscribe()
+            except RingUnavailable:
+                await asyncio.sleep(retry.delay(min(attempt, 16)))
+                attempt += 1
+                continue
+            attempt = 0
+            try:
+                self._wake.set()  # catch up on anything published while we were not listening
+                while not self._closing:
+                    epoch = await subscription.next(timeout=self._settings.refresh_interval_s)
+                    if epoch is not None and (self._view is None or epoch != self._view.epoch):
+                        self._wake.set()
+            except RingUnavailable:
+                pass
+            finally:
+                await subscription.aclose()

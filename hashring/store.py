@@ -1,0 +1,396 @@
+"""The Redis seam: key layout, the Lua scripts that change membership and placement atomically,
+and the mapping of redis-py errors to `RingUnavailable`.
+
+Every change (join, leave, drain, undrain, a worker going silent or coming back, a replica count
+set by an operator or by the autoscaler) runs as one Lua script that also increments the epoch and
+publishes it. Times come from the Redis server clock (`TIME` inside the scripts), so workers and
+readers on machines with skewed clocks still agree on who is alive.
+
+Key layout (P = settings.prefix, "voicering:ring" by default):
+
+    P:epoch        string  ring epoch, incremented on every change
+    P:events       channel each new epoch is published here
+    P:workers      hash    worker id -> WorkerInfo JSON
+    P:heartbeats   zset    worker id -> last heartbeat (Redis server time, seconds)
+    P:live         set     worker ids that heartbeat within the TTL
+    P:draining     set     worker ids that take no new voices
+    P:load         hash    worker id -> streams reported in its last heartbeat
+    P:replicas     hash    voice id -> operator replica floor
+    P:auto         hash    voice id -> automatic replica count (hot voices only)
+    P:heat:<hex>   string  decayed request counter of one voice, "<value> <server time>", with a TTL;
+                           <hex> is the voice id's UTF-8 bytes in hex, so any voice id is a safe key
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from hashring.errors import RingUnavailable, UnknownWorker
+from hashring.records import Snapshot, WorkerInfo, check_voice_id, check_worker_id
+from hashring.settings import RingSettings
+
+__all__ = ["RingStore", "Subscription", "rate_of", "redact_url"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_NOW = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) + tonumber(t[2]) / 1000000\n"
+_BUMP = "local e = redis.call('INCR', KEYS[{epoch}])\nredis.call('PUBLISH', ARGV[{channel}], e)\n"
+
+# KEYS: workers heartbeats live load epoch   ARGV: id json channel
+_REGISTER = _NOW + """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[1])
+redis.call('HSET', KEYS[4], ARGV[1], 0)
+""" + _BUMP.format(epoch=5, channel=3) + "return e"
+
+# KEYS: workers heartbeats live load epoch   ARGV: id load channel
+# Returns -1 if the worker is not registered (Redis lost its data, or it was forgotten),
+# the new epoch if it came back to life, else 0.
+_HEARTBEAT = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
+""" + _NOW + """
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
+if redis.call('SADD', KEYS[3], ARGV[1]) == 1 then
+""" + _BUMP.format(epoch=5, channel=3) + """
+  return e
+end
+return 0"""
+
+# KEYS: workers heartbeats live load epoch draining   ARGV: id channel
+_DEREGISTER = """
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return -1 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('SREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('SREM', KEYS[6], ARGV[1])
+""" + _BUMP.format(epoch=5, channel=2) + "return e"
+
+# KEYS: workers draining epoch   ARGV: id flag(1|0) channel
+_DRAIN = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
+local changed
+if ARGV[2] == '1' then changed = redis.call('SADD', KEYS[2], ARGV[1])
+else changed = redis.call('SREM', KEYS[2], ARGV[1]) end
+if changed == 0 then return 0 end
+""" + _BUMP.format(epoch=3, channel=3) + "return e"
+
+# KEYS: hash epoch   ARGV: field value('' deletes) expected('*' = any, '' = absent) channel
+# Compare-and-set of one hash field; bumps the epoch only when the value changes.
+_SET_FIELD = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if ARGV[3] ~= '*' and (cur or '') ~= ARGV[3] then return -1 end
+if (cur or '') == ARGV[2] then return 0 end
+if ARGV[2] == '' then redis.call('HDEL', KEYS[1], ARGV[1]) else redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+""" + _BUMP.format(epoch=2, channel=4) + "return e"
+
+# KEYS: heat auto   ARGV: voice count half_life_s ttl_ms
+# Adds `count` to an exponentially decayed counter; returns {value, auto replicas or ''}.
+_HEAT = _NOW + """
+local value, since = 0, now
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local sep = string.find(cur, ' ', 1, true)
+  value, since = tonumber(string.sub(cur, 1, sep - 1)), tonumber(string.sub(cur, sep + 1))
+end
+value = value * math.pow(0.5, math.max(0, now - since) / tonumber(ARGV[3])) + tonumber(ARGV[2])
+redis.call('SET', KEYS[1], string.format('%.6f %.6f', value, now), 'PX', ARGV[4])
+return {string.format('%.6f', value), redis.call('HGET', KEYS[2], ARGV[1]) or ''}"""
+
+# KEYS: heat keys...   ARGV: half_life_s   Returns each counter decayed to now, as strings.
+_PEEK_HEAT = _NOW + """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local cur = redis.call('GET', key)
+  local value = 0
+  if cur then
+    local sep = string.find(cur, ' ', 1, true)
+    local since = tonumber(string.sub(cur, sep + 1))
+    value = tonumber(string.sub(cur, 1, sep - 1)) * math.pow(0.5, math.max(0, now - since) / tonumber(ARGV[1]))
+  end
+  out[i] = string.format('%.6f', value)
+end
+return out"""
+
+# KEYS: workers heartbeats live draining load epoch replicas auto   ARGV: ttl_s forget_after_s channel
+# Reaps workers whose heartbeat is older than the TTL (out of `live`, epoch bumped) and forgets
+# those silent for forget_after_s, then returns the whole state in one atomic read.
+_SNAPSHOT = _NOW + """
+local changed = false
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('(%.6f', now - tonumber(ARGV[1])))) do
+  if redis.call('SREM', KEYS[3], id) == 1 then changed = true end
+end
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('(%.6f', now - tonumber(ARGV[2])))) do
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('SREM', KEYS[4], id)
+  redis.call('HDEL', KEYS[5], id)
+  changed = true
+end
+local epoch
+if changed then
+  epoch = redis.call('INCR', KEYS[6])
+  redis.call('PUBLISH', ARGV[3], epoch)
+else
+  epoch = tonumber(redis.call('GET', KEYS[6]) or '0')
+end
+return {epoch, string.format('%.6f', now),
+  redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'),
+  redis.call('SMEMBERS', KEYS[3]), redis.call('SMEMBERS', KEYS[4]), redis.call('HGETALL', KEYS[5]),
+  redis.call('HGETALL', KEYS[7]), redis.call('HGETALL', KEYS[8])}"""
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by '***' (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+class _Keys:
+    def __init__(self, prefix: str) -> None:
+        self.epoch = f"{prefix}:epoch"
+        self.events = f"{prefix}:events"
+        self.workers = f"{prefix}:workers"
+        self.heartbeats = f"{prefix}:heartbeats"
+        self.live = f"{prefix}:live"
+        self.draining = f"{prefix}:draining"
+        self.load = f"{prefix}:load"
+        self.replicas = f"{prefix}:replicas"
+        self.auto = f"{prefix}:auto"
+        self._heat = f"{prefix}:heat:"
+
+    def heat(self, voice: str) -> str:
+        return self._heat + voice.encode("utf-8").hex()
+
+
+class Subscription:
+    """A pub/sub subscription to ring epochs. `next()` returns the next published epoch, or None
+    when `timeout` passes first; it raises RingUnavailable when the connection is lost."""
+
+    def __init__(self, store: RingStore, pubsub: aioredis.client.PubSub) -> None:
+        self._store = store
+        self._pubsub = pubsub
+
+    async def next(self, timeout: float) -> int | None:
+        msg = await self._store._call(self._pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout))
+        if msg is None or msg.get("type") != "message":
+            return None
+        return int(msg["data"])
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(redis.exceptions.RedisError, OSError):  # closing a dead link
+            await self._pubsub.aclose()
+
+
+class RingStore:
+    """All Redis I/O of hashring. Writers retry with backoff; reads try once (their callers keep
+    serving the last ring and try again on the next refresh)."""
+
+    def __init__(self, settings: RingSettings, client: aioredis.Redis | None = None) -> None:
+        self._settings = settings
+        self._where = redact_url(settings.redis_url)
+        self._client = client or aioredis.from_url(
+            settings.redis_url,
+            socket_timeout=settings.redis_timeout_s,
+            socket_connect_timeout=settings.redis_timeout_s,
+            retry=Retry(NoBackoff(), 1),  # one quick reconnect (a pooled socket may be stale); the rest is ours
+        )
+        self._owns_client = client is None
+        self.keys = _Keys(settings.prefix)
+        script = self._client.register_script
+        self._register, self._heartbeat = script(_REGISTER), script(_HEARTBEAT)
+        self._deregister, self._drain = script(_DEREGISTER), script(_DRAIN)
+        self._set_field, self._heat = script(_SET_FIELD), script(_HEAT)
+        self._peek_heat, self._snapshot = script(_PEEK_HEAT), script(_SNAPSHOT)
+
+    @property
+    def settings(self) -> RingSettings:
+        return self._settings
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> RingStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- error mapping and retries ----------------------------------------------------------------
+
+    async def _call(self, awaitable: Awaitable[T]) -> T:
+        try:
+            return await awaitable
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+            raise RingUnavailable(
+                f"Redis at {self._where} is unreachable ({type(exc).__name__}); readers keep serving "
+                f"the last ring they had. Check that Redis runs and that VOICERING_REDIS_URL points at it."
+            ) from exc
+
+    async def _write(self, make: Callable[[], Awaitable[T]]) -> T:
+        policy = self._settings.retry
+        for attempt in range(policy.attempts):
+            try:
+                return await self._call(make())
+            except RingUnavailable:
+                if attempt + 1 >= policy.attempts:
+                    raise
+                delay = policy.delay(attempt) * random.uniform(0.5, 1.0)
+                log.warning("Redis write failed (attempt %d/%d); retrying in %.2fs",
+                            attempt + 1, policy.attempts, delay)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def _unknown_worker(self, worker_id: str) -> UnknownWorker:
+        known = sorted(k.decode() for k in await self._call(self._client.hkeys(self.keys.workers)))
+        listing = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "") if known else "none"
+        return UnknownWorker(
+            f"worker {worker_id!r} is not registered (registered: {listing}); see `voicering ring status`"
+        )
+
+    # -- membership writes ------------------------------------------------------------------------
+
+    async def register(self, info: WorkerInfo) -> int:
+        """Add or replace a worker record and mark it alive; returns the new epoch. A drain flag
+        set earlier by an operator stays in force across re-registration."""
+        k = self.keys
+        return int(await self._write(lambda: self._register(
+            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch], args=[info.id, info.to_json(), k.events])))
+
+    async def heartbeat(self, worker_id: str, load: int) -> int:
+        """Refresh a worker's heartbeat and load (one attempt). Returns -1 when the worker must
+        register again, the new epoch if it had been reaped, 0 otherwise."""
+        k = self.keys
+        return int(await self._call(self._heartbeat(
+            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch], args=[worker_id, int(load), k.events])))
+
+    async def deregister(self, worker_id: str) -> int:
+        """Remove a worker now (graceful leave); returns the new epoch."""
+        k = self.keys
+        epoch = int(await self._write(lambda: self._deregister(
+            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch, k.draining], args=[worker_id, k.events])))
+        if epoch < 0:
+            raise await self._unknown_worker(worker_id)
+        return epoch
+
+    async def set_draining(self, worker_id: str, draining: bool) -> int:
+        """Mark a worker draining (no new voices) or not; returns the new epoch, 0 if unchanged."""
+        check_worker_id(worker_id)
+        k = self.keys
+        epoch = int(await self._write(lambda: self._drain(
+            keys=[k.workers, k.draining, k.epoch], args=[worker_id, "1" if draining else "0", k.events])))
+        if epoch < 0:
+            raise await self._unknown_worker(worker_id)
+        return epoch
+
+    # -- placement writes -------------------------------------------------------------------------
+
+    async def set_replicas(self, voice: str, replicas: int | None) -> int:
+        """Set (or with None clear) the operator replica floor of a voice; returns the epoch or 0."""
+        check_voice_id(voice)
+        k = self.keys
+        value = "" if replicas is None else str(int(replicas))
+        return int(await self._write(lambda: self._set_field(
+            keys=[k.replicas, k.epoch], args=[voice, value, "*", k.events])))
+
+    async def swap_auto_replicas(self, voice: str, expected: int | None, new: int | None) -> bool:
+        """Compare-and-set a voice's automatic replica count (None = not hot); False if another
+        process changed it first."""
+        k = self.keys
+        args = [voice, "" if new is None else str(new), "" if expected is None else str(expected), k.events]
+        return int(await self._write(lambda: self._set_field(keys=[k.auto, k.epoch], args=args))) >= 0
+
+    async def add_heat(self, voice: str, count: int = 1) -> tuple[float, int | None]:
+        """Add requests to a voice's decayed counter (one attempt); returns (counter value, current
+        automatic replica count or None)."""
+        s, k = self._settings, self.keys
+        ttl_ms = max(1000, int(s.heat_half_life_s * 20 * 1000))  # gone once decayed below 2**-20
+        value, auto = await self._call(self._heat(
+            keys=[k.heat(voice), k.auto], args=[voice, count, s.heat_half_life_s, ttl_ms]))
+        return float(value), (int(auto) if auto else None)
+
+    async def peek_heat(self, voices: Iterable[str]) -> dict[str, float]:
+        """Decayed counter values now, for the given voices."""
+        voices = list(voices)
+        if not voices:
+            return {}
+        values = await self._call(self._peek_heat(
+            keys=[self.keys.heat(v) for v in voices], args=[self._settings.heat_half_life_s]))
+        return {v: float(x) for v, x in zip(voices, values)}
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    async def snapshot(self) -> Snapshot:
+        """Reap silent workers, then read all ring state atomically (one attempt)."""
+        s, k = self._settings, self.keys
+        raw = await self._call(self._snapshot(
+            keys=[k.workers, k.heartbeats, k.live, k.draining, k.load, k.epoch, k.replicas, k.auto],
+            args=[s.heartbeat_ttl_s, s.forget_after_s, k.events]))
+        epoch, now, workers, beats, live, draining, loads, replicas, auto = raw
+        infos: dict[str, WorkerInfo] = {}
+        for wid, blob in _pairs(workers):
+            try:
+                infos[wid.decode()] = WorkerInfo.from_json(blob)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("skipping unreadable worker record %r in Redis: %s", wid, exc)
+        return Snapshot(
+            epoch=int(epoch),
+            server_time=float(now),
+            workers=infos,
+            heartbeats={w.decode(): float(t) for w, t in _pairs(beats)},
+            live=frozenset(w.decode() for w in live),
+            draining=frozenset(w.decode() for w in draining),
+            loads={w.decode(): int(n) for w, n in _pairs(loads)},
+            replicas={v.decode(): int(n) for v, n in _pairs(replicas)},
+            auto_replicas={v.decode(): int(n) for v, n in _pairs(auto)},
+        )
+
+    async def auto_replicas(self) -> dict[str, int]:
+        """Automatic replica counts of the voices that have one."""
+        raw = await self._call(self._client.hgetall(self.keys.auto))
+        return {v.decode(): int(n) for v, n in raw.items()}
+
+    async def subscribe(self) -> Subscription:
+        """Subscribe to epoch announcements; raises RingUnavailable if Redis is down."""
+        pubsub = self._client.pubsub()
+        try:
+            await self._call(pubsub.subscribe(self.keys.events))
+        except BaseException:
+            await Subscription(self, pubsub).aclose()
+            raise
+        return Subscription(self, pubsub)
+
+    async def ping(self) -> float:
+        """Round-trip time to Redis in seconds."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await self._call(self._client.ping())
+        return loop.time() - start
+
+
+def _pairs(flat: list) -> Iterable[tuple[bytes, bytes]]:
+    return zip(flat[0::2], flat[1::2])
+
+
+def rate_of(counter: float, half_life_s: float) -> float:
+    """Requests per second implied by a decayed counter (steady rate r settles at r × h / ln 2)."""
+    return counter * math.log(2) / half_life_s

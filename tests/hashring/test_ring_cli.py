@@ -1,0 +1,147 @@
+"""`voicering ring ...` (the hashring Typer app) against a real Redis, plus the bench wiring."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from hashring.cli import app
+from hashring.records import WorkerInfo
+from hashring.settings import RingSettings
+from hashring.store import RingStore
+
+pytestmark = pytest.mark.timeout(120)
+CLI_DB = 7  # the CLI uses the default key prefix, so it gets a database of its own
+
+
+@pytest.fixture
+def cli_url(redis_url: str) -> str:
+    url = redis_url.rsplit("/", 1)[0] + f"/{CLI_DB}"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+def invoke(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(app, list(args), env=env or {"VOICERING_REDIS_URL": ""})
+
+
+def register(url: str, *ids: str) -> None:
+    async def work() -> None:
+        async with RingStore(RingSettings(redis_url=url)) as store:
+            for wid in ids:
+                await store.register(WorkerInfo(wid, f"ws://{wid}.local:8000", f"http://{wid}.local:9000", capacity=8))
+
+    asyncio.run(work())
+
+
+def test_simulate_needs_no_redis():
+    result = invoke("simulate", "--workers", "16", "--voices", "2000", "--trials", "2", "--vnodes", "512", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["workers"] == 16 and report["moved_foreign"] == 0
+    assert report["share_max_over_mean"] < 1.2
+    text = invoke("simulate", "--workers", "8", "--voices", "500", "--trials", "1", "--vnodes", "64")
+    assert text.exit_code == 0 and "voices moved when one worker leaves" in text.stdout
+
+
+def test_status_where_scale_drain_round_trip(cli_url):
+    assert "no workers registered" in invoke("status", "--redis", cli_url).stdout
+    register(cli_url, "w1", "w2", "w3")
+
+    status = json.loads(invoke("status", "--redis", cli_url, "--json").stdout)
+    assert status["in_ring"] == 3 and status["epoch"] == 3
+    assert {w["id"]: w["status"] for w in status["workers"]} == {"w1": "live", "w2": "live", "w3": "live"}
+    assert sum(w["ring_share"] for w in status["workers"]) == pytest.approx(1.0, abs=1e-3)
+    table = invoke("status", "--redis", cli_url).stdout
+    assert "ring epoch 3: 3 of 3 workers" in table and "ws://w2.local:8000" in table
+
+    where = json.loads(invoke("where", "tara", "--redis", cli_url, "--json").stdout)
+    assert where["replicas"] == 1 and where["next_request"] == where["owners"][0]
+
+    assert invoke("scale", "tara", "--replicas", "2", "--redis", cli_url).exit_code == 0
+    where = json.loads(invoke("where", "tara", "--redis", cli_url, "--json").stdout)
+    assert where["replicas"] == 2 and where["operator_replicas"] == 2
+    assert "tara" in invoke("where", "tara", "--redis", cli_url).stdout
+
+    owner = where["owners"][0]
+    drained = invoke("drain", owner, "--redis", cli_url)
+    assert drained.exit_code == 0 and "draining" in drained.stdout
+    assert "already" in invoke("drain", owner, "--redis", cli_url).stdout
+    status = json.loads(invoke("status", "--redis", cli_url, "--json").stdout)
+    assert status["in_ring"] == 2 and owner not in json.loads(
+        invoke("where", "tara", "--redis", cli_url, "--json").stdout)["owners"]
+    assert invoke("undrain", owner, "--redis", cli_url).exit_code == 0
+    assert json.loads(invoke("status", "--redis", cli_url, "--json").stdout)["in_ring"] == 3
+
+    assert invoke("scale", "tara", "--reset", "--redis", cli_url).exit_code == 0
+    assert json.loads(invoke("where", "tara", "--redis", cli_url, "--json").stdout)["operator_replicas"] is None
+
+
+def test_bad_input_gets_clear_errors(cli_url):
+    register(cli_url, "w1", "w2")
+    unknown = invoke("drain", "nope", "--redis", cli_url)
+    assert unknown.exit_code == 1 and "'nope' is not registered (registered: w1, w2)" in unknown.stderr
+
+    bad_id = invoke("drain", "has space", "--redis", cli_url)
+    assert bad_id.exit_code == 1 and "not usable" in bad_id.stderr
+
+    for bad in ("0", "-3", "65"):
+        result = invoke("scale", "tara", "--replicas", bad, "--redis", cli_url)
+        assert result.exit_code == 1 and "replicas must be a whole number from 1 to 64" in result.stderr
+
+    over = invoke("scale", "tara", "--replicas", "5", "--redis", cli_url)
+    assert over.exit_code == 0 and "only 2 workers are in the ring" in over.stderr
+    where = invoke("where", "tara", "--redis", cli_url, "--json")
+    assert json.loads(where.stdout)["replicas"] == 2 and "asks for 5 replicas" in where.stderr
+
+    assert invoke("scale", "tara", "--redis", cli_url).exit_code == 2  # neither --replicas nor --reset
+
+    odd = "名前 {x}*:\t🎤"
+    assert invoke("scale", odd, "--replicas", "2", "--redis", cli_url).exit_code == 0
+    assert len(json.loads(invoke("where", odd, "--redis", cli_url, "--json").stdout)["owners"]) == 2
+    too_long = invoke("where", "x" * 300, "--redis", cli_url)
+    assert too_long.exit_code == 1 and "256" in too_long.stderr
+
+
+def test_redis_url_comes_from_the_environment_and_outages_exit_75(cli_url):
+    register(cli_url, "w1")
+    via_env = invoke("status", "--json", env={"VOICERING_REDIS_URL": cli_url})
+    assert via_env.exit_code == 0 and json.loads(via_env.stdout)["in_ring"] == 1
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    dead = f"redis://:hunter2@127.0.0.1:{closed_port}/0"
+    result = invoke("status", "--redis", dead)
+    assert result.exit_code == 75 and "unreachable" in result.stderr
+    assert "hunter2" not in result.output
+
+
+def test_empty_ring_where_is_a_temporary_error(cli_url):
+    result = invoke("where", "tara", "--redis", cli_url)
+    assert result.exit_code == 75 and "no worker" in result.stderr
+
+
+def test_bench_command_prints_one_json_object(monkeypatch):
+    import bench.ring
+
+    monkeypatch.setattr(bench.ring, "run", lambda: {"lookup_ns": 1.0, "lookup_speedup": 4.0})
+    result = invoke("bench", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout) == {"lookup_ns": 1.0, "lookup_speedup": 4.0}
+
+
+def test_bench_figures_small():
+    from bench.ring import run
+
+    figures = run(workers=8, voices=400, requests=3000, trials=2, rounds=1)
+    for key in ("lookup_ns", "uhashring_lookup_ns", "lookup_speedup", "share_max_over_mean", "voices_max_over_mean",
+                "bounded_max_over_mean", "moved_fraction_on_remove", "moved_fraction_on_add", "moved_foreign"):
+        assert key in figures
+    assert figures["moved_foreign"] == 0
+    assert figures["bounded_max_over_mean"] <= 1.25 + 1e-9
+    assert "targets_met" not in figures  # targets are stated for 64 workers only
