@@ -1,0 +1,153 @@
+"""Training pipeline bench: preprocessing and encode speed, train steps/s, head silence before/after trimming.
+
+Data: real speech made with espeak-ng, 36 known sentences, each spoken by two espeak voices
+(en-us, en+f3), resampled to 24 kHz by sox and padded with 600 ms of digital silence before it:
+72 uploads, ~3 minutes. Models: the stand-in Orpheus (tiny random Llama, full Orpheus vocabulary)
+and random SNAC weights; CPU. Figures:
+
+- preprocess_s_per_audio_min: decode + checks + segmentation + transcript alignment + trimming,
+  wall seconds per minute of uploaded audio;
+- encode_x_realtime: seconds of clip audio SNAC-encoded per wall second (batched, first ~60 s);
+- train_steps_per_s: optimizer steps per second on the stand-in (batch 1, rank 32, fp32, CPU);
+- head_silence_{before,after}_ms_p{50,90}: silence_trim's energy detector on every clip before
+  and after trimming (target: after p90 <= 40 ms).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+VOICES = ("en-us", "en+f3")
+HEAD_PAD_S = 0.6
+ENCODE_SECONDS = 60.0
+TRAIN_STEPS = 10
+TARGET_AFTER_P90_MS = 40.0
+
+# Harvard sentences (IEEE 1969, lists 5-8 excerpts), public domain.
+SENTENCES = (
+    "A king ruled the state in the early days.", "The ship was torn apart on the sharp reef.",
+    "Sickness kept him home the third week.", "The wide road shimmered in the hot sun.",
+    "The lazy cow lay in the cool grass.", "Lift the square stone over the fence.",
+    "The rope will bind the seven books at once.", "Hop over the fence and plunge in.",
+    "The friendly gang left the drug store.", "Mesh wire keeps chicks inside.",
+    "The frosty air passed through the coat.", "The crooked maze failed to fool the mouse.",
+    "Adding fast leads to wrong sums.", "The show was a flop from the very start.",
+    "A saw is a tool used for making boards.", "The wagon moved on well oiled wheels.",
+    "March the soldiers past the next hill.", "A cup of sugar makes sweet fudge.",
+    "Place a rosebush near the porch steps.", "Both lost their lives in the raging storm.",
+    "We talked of the side show in the circus.", "Use a pencil to write the first draft.",
+    "He ran half way to the hardware store.", "The clock struck to mark the third period.",
+    "A small creek cut across the field.", "Cars and busses stalled in snow drifts.",
+    "The set of china hit the floor with a crash.", "This is a grand season for hikes on the road.",
+    "The dune rose from the edge of the water.", "Those words were the cue for the actor to leave.",
+    "A yacht slid around the point into the bay.", "The two met while playing on the sand.",
+    "The ink stain dried on the finished page.", "The walled town was seized without a fight.",
+    "The lease ran out in sixteen weeks.", "A tame squirrel makes a nice pet.",
+)
+
+
+def _espeak_dataset(folder: Path) -> tuple[list[Path], Path]:
+    """72 padded single-sentence uploads and their JSON manifest."""
+    import soundfile as sf
+
+    texts: dict[str, str] = {}
+    paths = []
+    for i, text in enumerate(SENTENCES):
+        for voice in VOICES:
+            raw = folder / "raw.wav"
+            path = folder / f"{i:02d}-{voice.replace('+', '-')}.wav"
+            subprocess.run(["espeak-ng", "-v", voice, "-w", str(raw), text], check=True, capture_output=True)
+            subprocess.run(["sox", "-D", str(raw), "-r", "24000", "-c", "1", "-b", "16", str(path), "rate", "-v"],
+                           check=True, capture_output=True)
+            audio, rate = sf.read(str(path), dtype="int16")
+            sf.write(str(path), np.concatenate([np.zeros(int(HEAD_PAD_S * rate), np.int16), audio]), rate,
+                     subtype="PCM_16")
+            texts[path.name] = text
+            paths.append(path)
+    raw.unlink()
+    manifest = folder / "transcripts.json"
+    manifest.write_text(json.dumps(texts))
+    return paths, manifest
+
+
+def _pct(values: list[float], q: float) -> float:
+    return round(float(np.percentile(values, q)), 1)
+
+
+def run() -> dict:
+    import torch
+    from transformers import AutoTokenizer
+
+    from gpu_worker.codec import SnacCodec
+    from gpu_worker.stand_in import build_stand_in
+    from lora_training.dataset import FrameCache, build_examples, encode, split
+    from lora_training.preprocess import preprocess
+    from lora_training.settings import DataParams, TrainParams
+    from lora_training.trainer import train_lora
+
+    for tool in ("espeak-ng", "sox"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is not installed: apt-get install -y espeak-ng sox")
+    stand_in = build_stand_in(REPO / ".cache" / "test-stand-in", voices=2)
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        root = Path(tmp)
+        (root / "uploads").mkdir()
+        audio, manifest = _espeak_dataset(root / "uploads")
+        data = DataParams(min_speech_s=60.0)
+
+        started = time.perf_counter()
+        clip_set = preprocess(audio, manifest, data, asr=None)
+        preprocess_s = time.perf_counter() - started
+        clips = clip_set.clips
+        before = [c.head_silence_before_ms for c in clips]
+        after = [c.head_silence_after_ms for c in clips]
+
+        codec = SnacCodec.load(str(stand_in.codec), device="cpu")
+        codec.encode(np.zeros(2048, np.float32))  # warm-up
+        subset, total = [], 0.0
+        for clip in clips:
+            if total >= ENCODE_SECONDS:
+                break
+            subset.append(clip)
+            total += clip.duration_s
+        started = time.perf_counter()
+        frames = encode(codec, subset, FrameCache(None, "bench"), batch_s=60.0)
+        encode_s = time.perf_counter() - started
+
+        tokenizer = AutoTokenizer.from_pretrained(stand_in.model)
+        examples = build_examples(tokenizer, "bench", subset, frames, dedup=False)
+        train, held = split(examples, eval_fraction=0.0, eval_max=0, seed=0)
+        params = TrainParams(max_steps=TRAIN_STEPS, save_steps=TRAIN_STEPS, batch_size=1, grad_accum=1,
+                             logging_steps=1, eval_fraction=0.0)
+        result = train_lora(str(stand_in.model), train, held, params, root / "run", device="cpu", console=False)
+
+    return {
+        "data": f"espeak-ng, {len(SENTENCES)} sentences x {len(VOICES)} voices, {HEAD_PAD_S * 1000:.0f} ms head pad",
+        "device": "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "uploads": len(audio),
+        "audio_minutes": clip_set.report["audio_minutes"],
+        "clips": len(clips),
+        "preprocess_s": round(preprocess_s, 3),
+        "preprocess_s_per_audio_min": round(preprocess_s / clip_set.report["audio_minutes"], 3),
+        "encode_audio_s": round(total, 2),
+        "encode_x_realtime": round(total / encode_s, 3),
+        "train_steps": result.steps,
+        "train_mean_tokens_per_step": round(float(np.mean([len(e.input_ids) for e in train])), 1),
+        "train_rank": params.rank,
+        "train_steps_per_s": result.steps_per_s,
+        "head_silence_before_ms_p50": _pct(before, 50),
+        "head_silence_before_ms_p90": _pct(before, 90),
+        "head_silence_after_ms_p50": _pct(after, 50),
+        "head_silence_after_ms_p90": _pct(after, 90),
+        "head_silence_after_target_ms_p90": TARGET_AFTER_P90_MS,
+        "head_silence_target_met": _pct(after, 90) <= TARGET_AFTER_P90_MS,
+    }

@@ -1,0 +1,72 @@
+"""Errors raised while turning a creator's audio into a published voice.
+
+    TrainingError                      every error a job can fail with; `retryable` says whether
+    │                                  running the same job again may succeed
+    ├── InputError (not retryable)     the creator's input is unusable; the message says what to fix
+    │   ├── AudioError                 a file cannot be decoded, or its audio is unusable
+    │   ├── SpeechAmountError          too little or too much speech in total
+    │   ├── TranscriptError            transcripts missing, unreadable or not matching the files
+    │   └── VoiceExistsError           the tenant already has a voice with that name
+    ├── ConfigError (not retryable)    this trainer is misconfigured (missing model, ASR backend...)
+    ├── JobStopped (not retryable)     the job was cancelled while it ran
+    ├── LeaseLost (retryable)          another trainer may own the job now; stop without writing
+    ├── ValidationError (not retryable) the trained adapter failed the serving stack's checks
+    └── InfrastructureError (retryable) Redis, the validation worker or the disk failed
+
+Foreign errors (soundfile, PyAV, Redis, websockets) are mapped at the module that calls them.
+"""
+
+from __future__ import annotations
+
+
+class TrainingError(Exception):
+    """Base of every error a training job fails with."""
+
+    code = "training_error"
+    retryable = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InputError(TrainingError):
+    code = "bad_input"
+
+
+class AudioError(InputError):
+    code = "bad_audio"
+
+
+class SpeechAmountError(InputError):
+    code = "speech_amount"
+
+
+class TranscriptError(InputError):
+    code = "transcripts"
+
+
+class VoiceExistsError(InputError):
+    code = "voice_exists"
+
+
+class ConfigError(TrainingError):
+    code = "config"
+
+
+class JobStopped(TrainingError):
+    code = "cancelled"
+
+
+class LeaseLost(TrainingError):
+    code = "lease_lost"
+    retryable = True
+
+
+class ValidationError(TrainingError):
+    code = "validation"
+
+
+class InfrastructureError(TrainingError):
+    code = "infrastructure"
+    retryable = True

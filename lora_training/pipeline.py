@@ -1,0 +1,209 @@
+"""One training job, start to finish: preprocess -> encode -> train -> validate -> publish.
+
+    queued -> preprocessing -> training -> validating -> publishing -> ready
+                  (any step) -> failed (with a reason) | cancelled
+
+Every step is resumable: clips and SNAC frames are cached by content under
+``<work_dir>/cache``, checkpoints live under ``<work_dir>/jobs/<job id>/run-<data+params>``,
+and a job whose voice was already published by an earlier attempt finishes as ready. So the
+same `run_job` call serves a first run, a retry and a trainer that re-claims a crashed job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Literal, Protocol
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from lora_training import publish as pub
+from lora_training.asr import make_asr
+from lora_training.dataset import FrameCache, build_examples, encode, fingerprint, split
+from lora_training.errors import ConfigError
+from lora_training.preprocess import preprocess
+from lora_training.settings import DataParams, TrainParams, TrainSettings
+from lora_training.stop import Stop
+from lora_training.trainer import train_lora
+
+JobState = Literal["queued", "preprocessing", "training", "validating", "publishing", "ready", "failed", "cancelled"]
+TERMINAL: frozenset[str] = frozenset({"ready", "failed", "cancelled"})
+# share of the overall progress bar each running state covers: (start %, end %)
+PHASES: dict[str, tuple[float, float]] = {
+    "preprocessing": (0.0, 20.0), "training": (20.0, 90.0), "validating": (90.0, 98.0), "publishing": (98.0, 100.0)
+}
+
+
+class JobSpec(BaseModel):
+    """What a job trains: serialised into the queue, so every trainer runs it the same way."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12], pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    name: str
+    tenant: str | None = None
+    audio: list[Path]
+    transcripts: Path | None = None
+    data: DataParams = DataParams()
+    params: TrainParams = TrainParams()
+    created_at: float = Field(default_factory=time.time)
+
+    @property
+    def voice_id(self) -> str:
+        return pub.voice_id(self.tenant, self.name)
+
+
+class Reporter(Protocol):
+    """Where a job's state and progress go (the console, a Redis hash)."""
+
+    def state(self, state: JobState, message: str = "") -> None: ...
+
+    def progress(self, percent: float, message: str = "", **fields: object) -> None: ...
+
+
+def phase_percent(state: str, fraction: float) -> float:
+    lo, hi = PHASES[state]
+    return round(lo + (hi - lo) * min(max(fraction, 0.0), 1.0), 2)
+
+
+def _published_by(store: Path, vid: str, job_id: str) -> dict | None:
+    """Metadata of the voice if this very job already published it (a retry after the rename)."""
+    try:
+        meta = json.loads((store / vid / pub.METADATA_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if meta.get("job_id") == job_id else None
+
+
+def _percentiles(values: list[float]) -> dict:
+    if not values:
+        return {}
+    return {"p50": round(float(np.percentile(values, 50)), 2), "p90": round(float(np.percentile(values, 90)), 2),
+            "max": round(float(max(values)), 2)}
+
+
+def run_job(
+    spec: JobSpec,
+    settings: TrainSettings,
+    reporter: Reporter,
+    *,
+    stop: Stop | None = None,
+    sampler: pub.Sampler | None = None,
+    console: bool = True,
+    on_resume: Callable[[int], None] | None = None,
+) -> dict:
+    """Run (or resume) a job; returns the published voice's metadata. Raises TrainingError."""
+    stop = stop or Stop()
+    vid = spec.voice_id
+    store = settings.adapter_store
+    done = _published_by(store, vid, spec.job_id)
+    if done is not None:
+        reporter.state("ready", f"voice '{vid}' is published")
+        return done
+    pub.check_free(store, vid)
+    if spec.params.rank > settings.max_lora_rank:
+        raise ConfigError(f"rank {spec.params.rank} exceeds the workers' max_lora_rank {settings.max_lora_rank}")
+    device = settings.resolved_device()
+    cache_dir = settings.work_dir / "cache"
+    job_dir = settings.work_dir / "jobs" / spec.job_id
+
+    # preprocessing: clips, then SNAC frames
+    reporter.state("preprocessing", "reading and cutting the audio")
+    asr_factory = (lambda: make_asr(settings)) if settings.asr_model is not None else None
+    clip_set = preprocess(
+        list(spec.audio), spec.transcripts, spec.data, asr=asr_factory, asr_name=settings.asr_backend,
+        cache_dir=cache_dir,
+        progress=lambda f, m: reporter.progress(phase_percent("preprocessing", 0.3 * f), m),
+    )
+    stop.check()
+    from transformers import AutoTokenizer
+
+    from gpu_worker.codec import SnacCodec
+
+    codec = SnacCodec.load(settings.codec, device=device)
+    frames = encode(codec, clip_set.clips, FrameCache(cache_dir, settings.codec), batch_s=settings.encode_batch_s,
+                    progress=lambda f, m: reporter.progress(phase_percent("preprocessing", 0.3 + 0.7 * f), m))
+    del codec
+    stop.check()
+    tokenizer = AutoTokenizer.from_pretrained(settings.base_model)
+    examples = build_examples(tokenizer, spec.name, clip_set.clips, frames, dedup=spec.data.dedup_frames)
+    train, evaluation = split(examples, eval_fraction=spec.params.eval_fraction, eval_max=spec.params.eval_max_clips,
+                              seed=spec.params.seed)
+
+    # training (resumes from the newest checkpoint of the same data and parameters)
+    run_key = hashlib.sha256(
+        (fingerprint(train) + fingerprint(evaluation) + spec.params.model_dump_json() + settings.base_model).encode()
+    ).hexdigest()[:16]
+    run_dir = job_dir / f"run-{run_key}"
+    from lora_training.trainer import checkpoint_step, last_checkpoint
+
+    resumed = checkpoint_step(last_checkpoint(run_dir / "checkpoints"))
+    if on_resume is not None:
+        on_resume(resumed)
+    reporter.state("training", f"{len(train)} clips, {clip_set.speech_s / 60:.1f} min of speech"
+                   + (f", resuming at step {resumed}" if resumed else ""))
+
+    def on_step(step: int, total: int, loss: float | None) -> None:
+        reporter.progress(phase_percent("training", step / max(total, 1)), "training", step=step, total_steps=total,
+                          loss=loss if loss is not None else "")
+
+    result = train_lora(settings.base_model, train, evaluation, spec.params, run_dir, device=device,
+                        on_step=on_step, stop=stop, console=console)
+    stop.check()
+
+    # validating: the serving stack's checks and a sample through the real engine
+    reporter.state("validating", "checking the adapter and generating a sample")
+    metadata = {
+        "voice": vid, "prompt_name": spec.name, "tenant": spec.tenant, "job_id": spec.job_id,
+        "base_model": settings.base_model, "rank": spec.params.rank, "alpha": spec.params.alpha,
+        "rslora": spec.params.rslora, "data_minutes": round(clip_set.speech_s / 60.0, 3),
+        "audio_minutes": clip_set.report.get("audio_minutes"), "clip_count": len(clip_set.clips),
+        "train_clips": result.train_clips, "eval_clips": result.eval_clips, "steps": result.steps,
+        "resumed_from_step": result.resumed_from_step, "final_train_loss": result.final_train_loss,
+        "final_eval_loss": result.final_eval_loss, "loss": "audio tokens only",
+        "trim_margin_ms": spec.data.trim_margin_ms, "dedup_frames": spec.data.dedup_frames,
+        "clip_head_silence_before_ms": _percentiles([c.head_silence_before_ms for c in clip_set.clips]),
+        "clip_head_silence_after_ms": _percentiles([c.head_silence_after_ms for c in clip_set.clips]),
+        "trained_at": time.time(),
+    }
+    staged = pub.stage(Path(result.adapter_dir), store, spec.job_id, metadata)
+    try:
+        pub.validate(staged, max_rank=settings.max_lora_rank, base_model=settings.base_model)
+        reporter.progress(phase_percent("validating", 0.2), "adapter checks passed")
+        sample = _sample(pub.staged_id(staged), settings, sampler, job_dir) if settings.validate_sample else None
+        stop.check()
+        reporter.state("publishing", f"publishing voice '{vid}'")
+        metadata["sample"] = sample.to_dict() if sample else None
+        pub.add_metadata(staged, {"sample": metadata["sample"]})
+        path = pub.publish(staged, store, vid, max_rank=settings.max_lora_rank, base_model=settings.base_model)
+    except BaseException:
+        pub.discard(staged)
+        raise
+    reporter.progress(100.0, f"voice '{vid}' is ready", voice_path=str(path))
+    reporter.state("ready", f"voice '{vid}' is ready")
+    return metadata
+
+
+def _sample(staged_voice: str, settings: TrainSettings, sampler: pub.Sampler | None, job_dir: Path) -> pub.Sample:
+    with ExitStack() as stack:
+        if sampler is None:
+            if settings.validate_worker_url:
+                sampler = pub.WorkerSampler(settings.validate_worker_url)
+            elif settings.validate_local_worker:
+                local = stack.enter_context(pub.LocalWorker(
+                    settings.base_model, settings.codec, settings.adapter_store, max_lora_rank=settings.max_lora_rank,
+                    log=job_dir / "validation-worker.log"))
+                sampler = pub.WorkerSampler(local.url)
+            else:
+                raise ConfigError("no validation worker: set validate_worker_url, validate_local_worker, "
+                                  "or validate_sample=false to publish without a sample")
+        return sampler.sample(staged_voice, settings.sample_text, max_tokens=settings.sample_max_tokens)
+
+
+__all__ = ["PHASES", "TERMINAL", "JobSpec", "JobState", "Reporter", "phase_percent", "run_job"]

@@ -1,0 +1,251 @@
+"""Validating a trained adapter with the serving stack and publishing it atomically.
+
+Order of events for voice ``tenant/name``:
+
+1. **stage**: the adapter (safetensors, adapter_config.json, voicering.json) is written to a
+   temporary directory and renamed to ``<store>/voicering-staging/<job id>``: a reserved tenant
+   name that no job may use, under which a worker can already resolve the adapter (a voice id the
+   worker accepts, unlisted anywhere a creator looks; ids are random job ids).
+2. **validate**: `gpu_worker.adapters.validate_adapter` (the worker's own checks: rank, targets,
+   no modules_to_save/DoRA/bias, safetensors only, base model match), then a short sample generated
+   by a real worker through the real engine for the staged id; its head silence is measured with
+   silence_trim.
+3. **publish**: the sample figures are added to voicering.json and
+   `gpu_worker.adapters.publish_adapter` makes the voice ``<store>/tenant/name`` visible in one
+   ``rename(2)`` (validated again, never over an existing voice); the staged copy is removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from gpu_worker.errors import AdapterError
+from gpu_worker.orpheus import SAMPLE_RATE
+from lora_training.errors import InfrastructureError, InputError, ValidationError, VoiceExistsError
+from silence_trim.detect import measure
+
+STAGING_TENANT = "voicering-staging"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+METADATA_FILE = "voicering.json"  # read by the workers (gpu_worker.adapters.METADATA)
+
+
+def voice_id(tenant: str | None, name: str) -> str:
+    """``tenant/name`` (or ``name``), checked against the worker's voice id rules."""
+    from gpu_worker.adapters import VOICE_ID  # gpu_worker.adapters is imported where used: keeps the CLI light
+
+    vid = f"{tenant}/{name}" if tenant else name
+    if not VOICE_ID.match(vid):
+        raise InputError(f"voice id '{vid}' is invalid: use letters, digits and '._-' (tenant and name)")
+    if (tenant or name) == STAGING_TENANT:
+        raise InputError(f"'{STAGING_TENANT}' is reserved for adapters under validation: choose another name")
+    return vid
+
+
+def check_free(store: Path, vid: str) -> None:
+    if (store / vid).exists():
+        raise VoiceExistsError(f"voice '{vid}' already exists: choose another name, or delete the voice first")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the real engine produced for the staged adapter."""
+
+    audio_s: float
+    head_silence_ms: float
+    has_speech: bool
+    frames: int
+    invalid_tokens: int
+    wall_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Sampler(Protocol):
+    def sample(self, voice: str, text: str, *, max_tokens: int) -> Sample: ...
+
+
+class WorkerSampler:
+    """Generates through a running worker (websocket protocol, same path as production traffic)."""
+
+    def __init__(self, url: str, *, timeout_s: float = 300.0) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+
+    def sample(self, voice: str, text: str, *, max_tokens: int) -> Sample:
+        try:
+            return asyncio.run(asyncio.wait_for(self._sample(voice, text, max_tokens), self.timeout_s))
+        except (OSError, TimeoutError, asyncio.TimeoutError) as err:
+            raise InfrastructureError(f"validation worker at {self.url} failed: {err!r}") from None
+
+    async def _sample(self, voice: str, text: str, max_tokens: int) -> Sample:
+        from gpu_worker.client import WorkerClient, WorkerConnectionLost, WorkerRequestError
+        from gpu_worker.protocol import UtteranceOptions
+
+        started = time.perf_counter()
+        client = await WorkerClient.connect(self.url)
+        try:
+            speech = await client.say(voice, text, options=UtteranceOptions(max_tokens=max_tokens, seed=0, trim_silence=False))
+        except WorkerRequestError as err:
+            if err.retryable:
+                raise InfrastructureError(f"validation worker is busy or failed: {err}") from None
+            raise ValidationError(f"the worker refused the trained adapter: {err}") from None
+        except WorkerConnectionLost as err:
+            raise InfrastructureError(f"validation worker connection lost: {err}") from None
+        finally:
+            await client.aclose()
+        pcm = np.frombuffer(speech.pcm, dtype="<i2")
+        if pcm.size == 0:
+            raise ValidationError("the trained voice produced no audio for the validation sample")
+        report = measure(pcm, SAMPLE_RATE, "energy")
+        stats = speech.done.stats
+        return Sample(round(pcm.size / SAMPLE_RATE, 3), report.leading_silence_ms, report.has_speech, stats.frames,
+                      stats.invalid_tokens, round(time.perf_counter() - started, 3))
+
+
+class LocalWorker:
+    """A `voicering worker` subprocess serving the store, for a trainer with no worker URL."""
+
+    def __init__(self, model: str, codec: str, store: Path, *, max_lora_rank: int, log: Path,
+                 start_timeout_s: float = 600.0) -> None:
+        self._cmd = [sys.executable, "-m", "voicering", "worker", "--model", model, "--codec", codec,
+                     "--voices-dir", str(store), "--max-loras", "1"]
+        self._env = {"VLLM_CPU_KVCACHE_SPACE": "1", **os.environ, "VOICERING_WORKER_MAX_LORA_RANK": str(max_lora_rank)}
+        self._log = log
+        self._timeout = start_timeout_s
+        self._proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def __enter__(self) -> LocalWorker:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self._log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._log, "w") as log:
+            self._proc = subprocess.Popen([*self._cmd, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                                          env=self._env, start_new_session=True)
+        deadline = time.monotonic() + self._timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise InfrastructureError(f"local validation worker exited ({self._proc.returncode}); log: {self._log}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    self.url = f"ws://127.0.0.1:{port}"
+                    return self
+            except OSError:
+                time.sleep(1.0)
+        self.__exit__()
+        raise InfrastructureError(f"local validation worker did not start in {self._timeout:.0f} s; log: {self._log}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+
+
+def stage(adapter_dir: Path, store: Path, job_id: str, metadata: dict) -> Path:
+    """Copy the adapter into ``<store>/voicering-staging/<job id>`` (renamed into place whole)."""
+    for name in ADAPTER_FILES:
+        if not (adapter_dir / name).is_file():
+            raise ValidationError(f"trained adapter lacks {name}")
+    staging = store / STAGING_TENANT
+    staging.mkdir(parents=True, exist_ok=True)
+    target = staging / job_id
+    tmp = staging / f".{job_id}.{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        for name in ADAPTER_FILES:
+            shutil.copy2(adapter_dir / name, tmp / name)
+        _write_json(tmp / METADATA_FILE, metadata)
+        _fsync_dir(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def validate(staged: Path, *, max_rank: int, base_model: str | None = None) -> None:
+    """The worker's own adapter validation, mapped to a job error."""
+    from gpu_worker.adapters import validate_adapter
+
+    try:
+        validate_adapter(staged, voice_id=staged_id(staged), max_rank=max_rank, base_model=base_model)
+    except AdapterError as err:
+        raise ValidationError(f"trained adapter failed the serving checks: {err.message}") from None
+
+
+def add_metadata(staged: Path, extra: dict) -> None:
+    meta = json.loads((staged / METADATA_FILE).read_text())
+    meta.update(extra)
+    _write_json(staged / METADATA_FILE, meta)
+
+
+def publish(staged: Path, store: Path, vid: str, *, max_rank: int, base_model: str | None = None) -> Path:
+    """Make the staged adapter voice ``vid`` (the serving stack's atomic publish), then drop the staged copy."""
+    from gpu_worker.adapters import publish_adapter
+
+    check_free(store, vid)
+    try:
+        publish_adapter(staged, store, vid, max_rank=max_rank, base_model=base_model)
+    except FileExistsError:
+        raise VoiceExistsError(f"voice '{vid}' already exists: choose another name") from None
+    except AdapterError as err:
+        raise ValidationError(f"trained adapter failed the serving checks: {err.message}") from None
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    except OSError as err:
+        raise InfrastructureError(f"cannot publish voice '{vid}': {err}") from None
+    discard(staged)
+    return store / vid
+
+
+def discard(staged: Path) -> None:
+    shutil.rmtree(staged, ignore_errors=True)
+
+
+def staged_id(staged: Path) -> str:
+    return f"{STAGING_TENANT}/{staged.name}"
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["STAGING_TENANT", "LocalWorker", "Sample", "Sampler", "WorkerSampler", "add_metadata",
+           "check_free", "discard", "publish", "stage", "staged_id", "validate", "voice_id"]

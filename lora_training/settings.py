@@ -1,0 +1,123 @@
+"""Training settings: one object per process, read once at start-up (env prefix VOICERING_TRAIN_).
+
+`DataParams` and `TrainParams` travel inside each job (so a retry on another trainer uses the
+values the job was submitted with); `TrainSettings` holds the process's paths, queue and
+validation set-up plus the defaults for new jobs. Nested values read from the environment with a
+double underscore: ``VOICERING_TRAIN_PARAMS__RANK=16``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+AsrBackendName = Literal["faster-whisper"]
+TrimDetector = Literal["energy", "vad"]  # silence_trim detectors: thresholds (clean audio) or silero VAD (noisy)
+Device = Literal["auto", "cpu", "cuda"]
+
+
+class DataParams(BaseModel):
+    """What audio is accepted and how it is cut into training clips."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_speech_s: float = 60.0  # below this a clone is not worth training (10 minutes recommended)
+    recommended_speech_s: float = 600.0
+    max_speech_s: float = 1800.0
+    min_sample_rate: int = 16_000
+    max_clipped_fraction: float = 0.01  # samples at full scale; more means the recording is clipped
+    min_peak_dbfs: float = -45.0  # quieter than this everywhere is near-silent
+    clip_min_s: float = 2.0  # packing target: clips shorter than this are merged with neighbours
+    clip_max_s: float = 15.0
+    clip_drop_s: float = 0.5  # shorter clips carry too little to learn from and are dropped
+    min_pause_ms: float = 200.0  # silence this long between speech is a place to cut
+    trim_margin_ms: float = 20.0  # silence kept before the first and after the last speech sample
+    trim_fade_ms: float = 5.0
+    trim_detector: TrimDetector = "energy"
+    dedup_frames: bool = False  # drop a frame whose level-0 code repeats the previous one (field recipe)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DataParams:
+        if not 0 < self.clip_drop_s <= self.clip_min_s < self.clip_max_s:
+            raise ValueError("need 0 < clip_drop_s <= clip_min_s < clip_max_s")
+        if not 0 < self.min_speech_s < self.max_speech_s:
+            raise ValueError("need 0 < min_speech_s < max_speech_s")
+        return self
+
+
+class TrainParams(BaseModel):
+    """LoRA and optimiser settings. Defaults are tuned for ~10 minutes of audio (~100-200 clips)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = 32
+    alpha: int = 64
+    rslora: bool = True
+    dropout: float = 0.0
+    epochs: float = 3.0
+    max_steps: int = -1  # > 0 overrides epochs
+    learning_rate: float = 2e-4
+    lr_scheduler: str = "cosine"
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    batch_size: int = 2
+    grad_accum: int = 2
+    eval_fraction: float = 0.05
+    eval_max_clips: int = 16
+    save_steps: int = 50
+    keep_checkpoints: int = 2
+    logging_steps: int = 5
+    seed: int = 42
+    gradient_checkpointing: bool = False
+
+
+class TrainSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VOICERING_TRAIN_", env_nested_delimiter="__", frozen=True)
+
+    base_model: str = Field("canopylabs/orpheus-3b-0.1-ft", description="Orpheus weights: local path or hub id")
+    codec: str = Field("hubertsiuzdak/snac_24khz", description="SNAC 24 kHz weights: local path or hub id")
+    adapter_store: Path = Field(Path("voices"), description="adapter store root the workers serve: <store>/<voice id>/")
+    work_dir: Path = Field(Path(".voicering-train"), description="job inputs, clip and dataset caches, checkpoints")
+    device: Device = "auto"
+    max_lora_rank: int = 32  # the serving workers' max_lora_rank: larger adapters are refused
+    encode_batch_s: float = 60.0  # seconds of audio per SNAC encode batch
+    # transcripts
+    asr_backend: AsrBackendName = "faster-whisper"
+    asr_model: Path | None = Field(None, description="local faster-whisper model directory; unset: no ASR")
+    asr_language: str | None = "en"
+    # validation: a sample is generated through a real worker before the voice is published
+    validate_worker_url: str | None = Field(None, description="ws:// URL of a worker serving adapter_store")
+    validate_local_worker: bool = True  # no URL: start a `voicering worker` on adapter_store for the sample
+    validate_sample: bool = True  # False: adapter checks only (no sample, metadata says so)
+    sample_text: str = "Hello! This is my new voice, and I am happy to meet you."
+    sample_max_tokens: int = 7 * 36 + 1  # ~3 s of audio
+    # queue
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    queue_prefix: str = "voicering:train"
+    consumer: str | None = None  # consumer name in the group; default host:pid
+    lease_ms: int = 30_000  # a job's lock expires this long after its trainer stops renewing it
+    claim_idle_ms: int = 60_000  # a job not touched this long is re-claimed by another trainer
+    block_ms: int = 2_000
+    max_attempts: int = 3
+    # defaults for new jobs
+    data: DataParams = DataParams()
+    params: TrainParams = TrainParams()
+
+    @model_validator(mode="after")
+    def _lease_vs_claim(self) -> TrainSettings:
+        if self.claim_idle_ms < self.lease_ms:
+            raise ValueError(
+                f"claim_idle_ms ({self.claim_idle_ms}) must be >= lease_ms ({self.lease_ms}): "
+                "a job is re-claimed only after its lock could have expired"
+            )
+        return self
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
