@@ -8,7 +8,6 @@ import), padded with known head silence; the peer is silero-vad's own `get_speec
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from bench.speech import pad_silence, synthesize
 from silence_trim import SileroVad, StreamOptions, StreamTrimmer, measure
 
 SR = 24000
@@ -42,19 +42,6 @@ SENTENCES = (
 )
 
 
-def synthesize(text: str, voice: str, path: Path) -> np.ndarray:
-    """espeak-ng speech as 24 kHz mono int16 (sox, no dither)."""
-    raw = path.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-v", voice, "-w", str(raw), text], check=True, capture_output=True)
-    subprocess.run(["sox", "-D", str(raw), "-r", str(SR), "-c", "1", "-b", "16", str(path), "rate", "-v"],
-                   check=True, capture_output=True)
-    return sf.read(str(path), dtype="int16")[0]
-
-
-def pad_silence(audio: np.ndarray, sample_rate: int, head_ms: float) -> np.ndarray:
-    return np.concatenate([np.zeros(round(head_ms * sample_rate / 1000), dtype=audio.dtype), audio])
-
-
 def speech_edges(audio: np.ndarray) -> tuple[int, int]:
     """First and last sample reaching -60 dBFS (the truth the tests use)."""
     loud = np.flatnonzero(np.abs(audio.astype(np.float64) / 32768.0) >= 1e-3)
@@ -70,7 +57,7 @@ def _corpus(seconds: float, folder: Path) -> list[np.ndarray]:
     while total < seconds:
         text, voice = SENTENCES[i % len(SENTENCES)], VOICES[i % len(VOICES)]
         if i < len(SENTENCES):
-            clips.append(synthesize(text, voice, folder / f"{i:03d}.wav"))
+            clips.append(sf.read(str(synthesize(text, voice, folder / f"{i:03d}.wav")), dtype="int16")[0])
         else:
             clips.append(clips[i % len(SENTENCES)])
         total += clips[-1].size / SR + HEAD_MS / 1000

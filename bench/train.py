@@ -16,16 +16,15 @@ and random SNAC weights; CPU. Figures:
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.speech import VOICES, pad_silence, require, synthesize
+
 REPO = Path(__file__).resolve().parents[1]
-VOICES = ("en-us", "en+f3")
 HEAD_PAD_S = 0.6
 ENCODE_SECONDS = 60.0
 TRAIN_STEPS = 10
@@ -62,17 +61,11 @@ def _espeak_dataset(folder: Path) -> tuple[list[Path], Path]:
     paths = []
     for i, text in enumerate(SENTENCES):
         for voice in VOICES:
-            raw = folder / "raw.wav"
-            path = folder / f"{i:02d}-{voice.replace('+', '-')}.wav"
-            subprocess.run(["espeak-ng", "-v", voice, "-w", str(raw), text], check=True, capture_output=True)
-            subprocess.run(["sox", "-D", str(raw), "-r", "24000", "-c", "1", "-b", "16", str(path), "rate", "-v"],
-                           check=True, capture_output=True)
+            path = synthesize(text, voice, folder / f"{i:02d}-{voice.replace('+', '-')}.wav")
             audio, rate = sf.read(str(path), dtype="int16")
-            sf.write(str(path), np.concatenate([np.zeros(int(HEAD_PAD_S * rate), np.int16), audio]), rate,
-                     subtype="PCM_16")
+            sf.write(str(path), pad_silence(audio, rate, HEAD_PAD_S * 1000), rate, subtype="PCM_16")
             texts[path.name] = text
             paths.append(path)
-    raw.unlink()
     manifest = folder / "transcripts.json"
     manifest.write_text(json.dumps(texts))
     return paths, manifest
@@ -94,8 +87,7 @@ def run() -> dict:
     from lora_training.trainer import train_lora
 
     for tool in ("espeak-ng", "sox"):
-        if shutil.which(tool) is None:
-            raise SystemExit(f"{tool} is not installed: apt-get install -y espeak-ng sox")
+        require(tool)
     stand_in = build_stand_in(REPO / ".cache" / "test-stand-in", voices=2)
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         root = Path(tmp)
