@@ -3,6 +3,15 @@
 vLLM is imported inside `SpeechEngine.start`, never at module import, so the gateway and CLI can
 import the worker's types cheaply. FP8 dynamic quantization (weights and KV cache) is a CUDA
 path: on by default when CUDA is present, off on CPU, overridable.
+
+LoRA voices: every request carries its `LoRARequest` (name, stable integer id, path), so vLLM
+loads an adapter it does not hold; `load_adapter` loads one ahead of its first request (the
+adapter cache uses it to time and count loads, and to prewarm). vLLM keeps `max_loras` adapters
+in engine slots and `max_cpu_loras` in its CPU cache, each LRU.
+
+Our slot-constrained sampler implements vLLM's V1 model-runner logits-processor interface; on
+CUDA, where vLLM 0.32 would pick its V2 runner (a different interface), the engine pins V1
+(`VLLM_USE_V2_MODEL_RUNNER=0`, unless the operator set it).
 """
 
 from __future__ import annotations
@@ -12,11 +21,13 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from gpu_worker.errors import EngineError
 from gpu_worker.orpheus import END_OF_SPEECH, START_OF_TEXT, prompt_ids
-from gpu_worker.sampling import SlotMode, SlotSampling
+
+if TYPE_CHECKING:
+    from gpu_worker.sampling import SlotMode
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +99,14 @@ class SpeechEngine:
         self._llm = llm
         self._tokenizer = tokenizer
         self.settings = settings
+        self.waiting = 0  # requests submitted that have not produced a token yet (queue depth)
 
     @classmethod
     async def start(cls, settings: EngineSettings) -> SpeechEngine:
         if not cuda_available():
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_cache_gib))
+        else:
+            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # our logits processor is V1-interface
         from transformers import AutoTokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -131,9 +145,28 @@ class SpeechEngine:
     def prompt(self, voice: Voice, text: str) -> list[int]:
         return prompt_ids(self._tokenizer, voice.prompt_name, text)
 
+    @staticmethod
+    def lora_request(voice: Voice) -> object | None:
+        from vllm.lora.request import LoRARequest
+
+        return (LoRARequest(lora_name=voice.name, lora_int_id=voice.lora_id, lora_path=voice.adapter_path)
+                if voice.adapter_path else None)
+
+    async def load_adapter(self, voice: Voice) -> None:
+        """Load a voice's adapter into the engine's CPU cache (and a slot) before its first request."""
+        request = self.lora_request(voice)
+        if request is not None:
+            await self._llm.add_lora(request)
+
+    async def loaded_adapters(self) -> set[int]:
+        """LoRA ids in the engine's CPU cache right now (an engine round trip)."""
+        return set(await self._llm.list_loras())
+
     def sampling_params(self, options: SamplingOptions, max_tokens: int) -> object:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
+
+        from gpu_worker.sampling import SlotSampling
 
         common = dict(max_tokens=max_tokens, stop_token_ids=[END_OF_SPEECH], detokenize=False,
                       output_kind=RequestOutputKind.DELTA, skip_special_tokens=False)
@@ -152,12 +185,12 @@ class SpeechEngine:
     ) -> AsyncIterator[list[int]]:
         """Generate audio token ids for one prompt; aborts the engine request if the caller stops early."""
         from vllm.inputs import TokensPrompt
-        from vllm.lora.request import LoRARequest
 
-        lora = (LoRARequest(lora_name=voice.name, lora_int_id=voice.lora_id, lora_path=voice.adapter_path)
-                if voice.adapter_path else None)
+        lora = self.lora_request(voice)
         request_id = uuid.uuid4().hex
         finished = False
+        first = True
+        self.waiting += 1
         try:
             async for out in self._llm.generate(
                 TokensPrompt(prompt_token_ids=prompt), self.sampling_params(options, max_tokens),
@@ -165,6 +198,9 @@ class SpeechEngine:
             ):
                 completion = out.outputs[0]
                 ids = list(completion.token_ids)
+                if first and ids:
+                    first = False
+                    self.waiting -= 1
                 stats.tokens += len(ids)
                 if out.finished:
                     finished = True
@@ -176,6 +212,8 @@ class SpeechEngine:
                 raise
             raise EngineError(f"engine failed while generating: {exc}") from exc
         finally:
+            if first:
+                self.waiting -= 1
             if not finished:
                 stats.finished_by = stats.finished_by or "aborted"
                 await self._llm.abort(request_id)

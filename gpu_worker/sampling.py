@@ -5,14 +5,24 @@ frame boundary. Two modes, chosen per request through ``SamplingParams.extra_arg
 
 - ``"mask"``: set every other logit to -inf and let vLLM sample (temperature, top-p and
   repetition penalty from the request's params). Correct, but vLLM still sorts the whole
-  156,940-id vocabulary for top-p.
+  156,940-id vocabulary for top-p (its CPU and native paths do; see docs/worker.md).
 - ``"fused"``: sample here, over the slot's 4,097 candidates only (repetition penalty,
-  temperature, nucleus, draw from a per-request seeded generator), then leave a single finite
-  logit. The request's vLLM params are greedy with no penalties, so vLLM's sampler reduces to
-  an argmax. Same distribution as "mask", a fraction of the work.
+  temperature, nucleus, one uniform draw per row from a per-request seeded generator), then leave
+  a single finite logit. The request's vLLM params are greedy with no penalties, so vLLM's
+  sampler reduces to an argmax. Same distribution as "mask", a fraction of the work.
+
+Both modes run once per step for the whole batch (a gather of ``[n, 4097]`` candidates, one
+sort, one scatter), never a Python loop over vocabulary-sized rows.
+
+Slot counting: a row's slot is ``len(output) % 7``, where ``output`` is vLLM's live list of the
+request's generated ids. With async scheduling (CUDA) vLLM appends a placeholder (-1) for the
+token in flight and replaces it before logits processors run whenever a custom processor is
+installed (`update_async_output_token_ids`); placeholders still count as a generated position,
+and the repetition-penalty history stops at the first placeholder so no token is ever skipped.
 
 Requests without the extra arg pass through untouched. The class is loaded inside vLLM's engine
 process (pass ``logits_processors=[SlotConstrainedSampler]``); it keeps per-batch-row state only.
+It implements vLLM's V1 model-runner interface; the engine pins the V1 runner (see engine.py).
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 
 from gpu_worker.orpheus import AUDIO_BASE, CODEBOOK_SIZE, END_OF_SPEECH, FRAME_TOKENS
@@ -33,7 +44,8 @@ from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 EXTRA_ARGS_KEY = "voicering_slots"
 SlotMode = Literal["mask", "fused"]
-CANDIDATES = CODEBOOK_SIZE + 1  # a slot's codes + END_OF_SPEECH
+CANDIDATES = CODEBOOK_SIZE + 1  # a slot's codes + END_OF_SPEECH (last column)
+PLACEHOLDER = -1  # vLLM's id for a token sampled but not yet copied back (async scheduling)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,18 +82,14 @@ class SlotSampling:
 class _RowState:
     """One request's view: its live output list, sampling spec, seen codes per slot, generator."""
 
-    __slots__ = ("output", "spec", "seen", "consumed", "generator")
+    __slots__ = ("output", "spec", "seen", "consumed", "rng")
 
-    def __init__(self, spec: SlotSampling, output: list[int]) -> None:
+    def __init__(self, spec: SlotSampling, output: list[int], device: torch.device) -> None:
         self.spec = spec
         self.output = output
-        self.seen = torch.zeros((FRAME_TOKENS, CODEBOOK_SIZE), dtype=torch.bool)
+        self.seen = torch.zeros((FRAME_TOKENS, CODEBOOK_SIZE), dtype=torch.bool, device=device)
         self.consumed = 0
-        self.generator = torch.Generator()
-        if spec.seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(spec.seed)
+        self.rng = np.random.default_rng(spec.seed)  # seed None: fresh OS entropy
 
     def slot(self) -> int:
         return len(self.output) % FRAME_TOKENS
@@ -90,46 +98,65 @@ class _RowState:
         return self.slot() == 0 and len(self.output) // FRAME_TOKENS >= self.spec.min_frames
 
     def refresh_seen(self) -> None:
-        for token_id in self.output[self.consumed:]:
+        """Mark generated codes as seen, up to (not past) an unresolved placeholder."""
+        output = self.output
+        end = len(output)
+        while self.consumed < end:
+            token_id = output[self.consumed]
+            if token_id == PLACEHOLDER:
+                return
             offset = token_id - AUDIO_BASE
             if 0 <= offset < FRAME_TOKENS * CODEBOOK_SIZE:
                 self.seen[offset // CODEBOOK_SIZE, offset % CODEBOOK_SIZE] = True
-        self.consumed = len(self.output)
+            self.consumed += 1
 
 
-def nucleus_draw(scores: torch.Tensor, top_p: float, generator: torch.Generator) -> int:
-    """Index drawn from softmax(scores) restricted to the smallest set with mass >= top_p.
+def gather_candidates(logits: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
+                      eos_ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's 4,097 candidate logits and their vocabulary ids.
 
-    scores: [C] float32, already penalised and divided by temperature.
+    logits: [B, V]; rows, slots: [n] long; eos_ok: [n] bool -> (scores [n, C] float32, ids [n, C] long).
+    END_OF_SPEECH (last column) is -inf where it is not allowed.
     """
-    probs = torch.softmax(scores, dim=-1)  # [C]
-    if top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)  # [C]
-        cumulative = torch.cumsum(sorted_probs, dim=-1)
-        keep = (cumulative - sorted_probs) < top_p  # always keeps the top candidate
-        sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
-        pick = torch.multinomial(sorted_probs, 1, generator=generator)
-        return int(order[pick])
-    return int(torch.multinomial(probs, 1, generator=generator))
+    codes = torch.arange(CODEBOOK_SIZE, device=logits.device)  # [4096]
+    ids = AUDIO_BASE + slots[:, None] * CODEBOOK_SIZE + codes[None, :]  # [n, 4096]
+    eos = torch.full((len(rows), 1), END_OF_SPEECH, dtype=torch.long, device=logits.device)  # [n, 1]
+    ids = torch.cat([ids, eos], dim=1)  # [n, C]
+    scores = logits[rows[:, None], ids].float()  # [n, C]
+    scores[:, -1] = torch.where(eos_ok, scores[:, -1], torch.full_like(scores[:, -1], float("-inf")))
+    return scores, ids
 
 
-def slot_scores(row_logits: torch.Tensor, state: _RowState) -> torch.Tensor:
-    """The 4,097 candidate scores of one row, penalised and temperature-scaled. [C]"""
-    spec = state.spec
-    slot = state.slot()
-    base = AUDIO_BASE + slot * CODEBOOK_SIZE
-    scores = torch.empty(CANDIDATES, dtype=torch.float32)
-    scores[:CODEBOOK_SIZE] = row_logits[base:base + CODEBOOK_SIZE]
-    scores[CODEBOOK_SIZE] = row_logits[END_OF_SPEECH] if state.eos_allowed() else float("-inf")
-    if spec.repetition_penalty != 1.0:
-        state.refresh_seen()
-        seen = state.seen[slot]  # [4096]
-        codes = scores[:CODEBOOK_SIZE]
-        penalised = torch.where(codes > 0, codes / spec.repetition_penalty, codes * spec.repetition_penalty)
-        scores[:CODEBOOK_SIZE] = torch.where(seen, penalised, codes)
-    if spec.temperature > 0.0:
-        scores /= spec.temperature
+def penalise(scores: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """Repetition penalty on codes already generated in this slot (vLLM's rule: divide positive
+    logits, multiply negative ones). scores: [n, C]; seen: [n, 4096] bool; penalty: [n]."""
+    codes = scores[:, :CODEBOOK_SIZE]  # [n, 4096] view
+    p = penalty[:, None]  # [n, 1]
+    penalised = torch.where(codes > 0, codes / p, codes * p)
+    codes.copy_(torch.where(seen, penalised, codes))
     return scores
+
+
+def nucleus_pick(scores: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+                 uniform: torch.Tensor) -> torch.Tensor:
+    """Column index per row: softmax(scores / T) restricted to the smallest set with mass >= top_p,
+    drawn by inverse CDF with the given uniforms; T == 0 rows take the argmax.
+
+    scores: [n, C]; temperature, top_p, uniform: [n] -> [n] long.
+    """
+    greedy = temperature <= 0.0  # [n]
+    t = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]  # [n, 1]
+    probs = torch.softmax(scores / t, dim=-1)  # [n, C]
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # [n, C]
+    cumulative = torch.cumsum(sorted_probs, dim=-1)  # [n, C]
+    keep = ((cumulative - sorted_probs) < top_p[:, None]) & (sorted_probs > 0)  # a prefix; holds the top candidate
+    kept = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))  # [n, C]
+    kept_cdf = torch.cumsum(kept, dim=-1)  # [n, C]
+    target = (uniform * kept_cdf[:, -1])[:, None]  # [n, 1]
+    last_kept = keep.sum(dim=-1, keepdim=True) - 1  # [n, 1]; guards u * total rounding up to total
+    position = torch.minimum(torch.searchsorted(kept_cdf, target, right=True), last_kept)  # [n, 1]
+    picked = order.gather(1, position).squeeze(1)  # [n]
+    return torch.where(greedy, scores.argmax(dim=-1), picked)
 
 
 class SlotConstrainedSampler(LogitsProcessor):
@@ -137,6 +164,7 @@ class SlotConstrainedSampler(LogitsProcessor):
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         self.rows: dict[int, _RowState] = {}
+        self.device = device
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
@@ -148,28 +176,49 @@ class SlotConstrainedSampler(LogitsProcessor):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         def new_state(params: SamplingParams, _prompt: list[int] | None, output: list[int]) -> _RowState | None:
             spec = SlotSampling.from_params(params)
-            return None if spec is None else _RowState(spec, output)
+            return None if spec is None else _RowState(spec, output, self.device)
 
         process_dict_updates(self.rows, batch_update, new_state)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.rows:
             return logits
-        for index, state in self.rows.items():
-            row = logits[index]  # [V]
-            if state.spec.mode == "fused":
-                scores = slot_scores(row.float(), state)
-                if state.spec.temperature > 0.0:
-                    choice = nucleus_draw(scores, state.spec.top_p, state.generator)
-                else:
-                    choice = int(torch.argmax(scores))
-                token_id = END_OF_SPEECH if choice == CODEBOOK_SIZE else AUDIO_BASE + state.slot() * CODEBOOK_SIZE + choice
-                row.fill_(float("-inf"))
-                row[token_id] = 0.0
-            else:
-                base = AUDIO_BASE + state.slot() * CODEBOOK_SIZE
-                eos = row[END_OF_SPEECH].item() if state.eos_allowed() else float("-inf")
-                row[:base] = float("-inf")
-                row[base + CODEBOOK_SIZE:] = float("-inf")
-                row[END_OF_SPEECH] = eos
+        fused = [(i, s) for i, s in self.rows.items() if s.spec.mode == "fused"]
+        masked = [(i, s) for i, s in self.rows.items() if s.spec.mode == "mask"]
+        if fused:
+            self._apply_fused(logits, fused)
+        if masked:
+            self._apply_mask(logits, masked)
         return logits
+
+    def _host(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+    def _layout(self, entries: list[tuple[int, _RowState]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = self._host([i for i, _ in entries], torch.long)
+        slots = self._host([s.slot() for _, s in entries], torch.long)
+        eos_ok = self._host([s.eos_allowed() for _, s in entries], torch.bool)
+        return rows, slots, eos_ok
+
+    def _apply_fused(self, logits: torch.Tensor, entries: list[tuple[int, _RowState]]) -> None:
+        rows, slots, eos_ok = self._layout(entries)
+        scores, ids = gather_candidates(logits, rows, slots, eos_ok)  # [n, C]
+        penalties = [s.spec.repetition_penalty for _, s in entries]
+        if any(p != 1.0 for p in penalties):
+            for _, state in entries:
+                state.refresh_seen()
+            seen = torch.stack([state.seen[state.slot()] for _, state in entries])  # [n, 4096]
+            penalise(scores, seen, self._host(penalties, torch.float32))
+        temperature = self._host([s.spec.temperature for _, s in entries], torch.float32)
+        top_p = self._host([s.spec.top_p for _, s in entries], torch.float32)
+        uniform = self._host([s.rng.random() for _, s in entries], torch.float32)
+        choice = nucleus_pick(scores, temperature, top_p, uniform)  # [n]
+        token_ids = ids.gather(1, choice[:, None]).squeeze(1)  # [n]
+        logits.index_fill_(0, rows, float("-inf"))
+        logits[rows, token_ids] = 0.0
+
+    def _apply_mask(self, logits: torch.Tensor, entries: list[tuple[int, _RowState]]) -> None:
+        rows, slots, eos_ok = self._layout(entries)
+        scores, ids = gather_candidates(logits, rows, slots, eos_ok)  # [n, C]
+        logits.index_fill_(0, rows, float("-inf"))
+        logits[rows[:, None], ids] = scores.to(logits.dtype)

