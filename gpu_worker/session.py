@@ -134,7 +134,7 @@ class Utterance:
                     tail = trimmer.flush()
                     if len(tail):
                         await self._emit(tail)
-                    dropped_ms += trimmer.dropped_ms
+                    dropped_ms += trimmer.result.dropped_ms
             audio_s = stats.samples / SAMPLE_RATE
             wall = time.perf_counter() - began
             done = UtteranceStats(

@@ -43,7 +43,11 @@ class WorkerSettings(BaseSettings):
     top_p: float = 0.8
     repetition_penalty: float = 1.1
     constraint: Literal["fused", "mask", "off"] = "fused"
-    trim_silence: bool = False
+    trim_silence: bool = Field(True, description="drop head silence of each segment (silence_trim's streaming gate)")
+    trim_max_drop_ms: float = Field(1500.0, ge=0, description="most head silence the gate may drop per segment")
+    # hash ring membership: register and heartbeat when a Redis URL is given
+    redis_url: str | None = Field(None, description="join the voicering hash ring in this Redis")
+    advertise_url: str | None = Field(None, description="websocket URL clients use (default ws://host:port)")
     # back-pressure: messages queued per connection; a stream that cannot queue for slow_consumer_s cuts it
     send_queue: int = Field(256, ge=1)
     slow_consumer_s: float = Field(5.0, gt=0)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 from gpu_worker.adapters import AdapterCache, AdapterStore
 from gpu_worker.codec import SnacCodec, set_cpu_threads
 from gpu_worker.engine import EngineSettings, SamplingOptions, SpeechEngine
+from gpu_worker.orpheus import SAMPLE_RATE
 from gpu_worker.metrics import WorkerMetrics, use_json_logs
 from gpu_worker.scheduler import make_decode_runner
 from gpu_worker.server import WorkerServer
@@ -31,6 +34,36 @@ def engine_settings(settings: WorkerSettings) -> EngineSettings:
 def sampling_defaults(settings: WorkerSettings) -> SamplingOptions:
     return SamplingOptions(temperature=settings.temperature, top_p=settings.top_p,
                            repetition_penalty=settings.repetition_penalty, constraint=settings.constraint)
+
+
+def trim_factory(settings: WorkerSettings) -> Callable[[], object] | None:
+    """A fresh streaming head-silence gate per segment (energy detector: cheap, and the worker's
+    output is clean synthetic audio), or None when trimming is off."""
+    if not settings.trim_silence:
+        return None
+    from silence_trim import StreamOptions, StreamTrimmer
+
+    options = StreamOptions(max_drop_ms=settings.trim_max_drop_ms, max_hold_ms=max(2000.0, settings.trim_max_drop_ms + 500.0))
+    return lambda: StreamTrimmer(SAMPLE_RATE, options)
+
+
+@asynccontextmanager
+async def ring_membership(settings: WorkerSettings, load: Callable[[], int]) -> AsyncIterator[None]:
+    """Register in the hash ring and heartbeat this worker's load while serving (no-op without Redis)."""
+    if not settings.redis_url:
+        yield
+        return
+    from hashring import RingSettings
+    from hashring.membership import Heartbeat
+    from hashring.records import WorkerInfo
+    from hashring.store import RingStore
+
+    url = settings.advertise_url or f"ws://{settings.host}:{settings.port}"
+    # No internal proxy listener exists yet: the proxy address is the websocket address for now.
+    info = WorkerInfo(settings.worker_id, url, url, capacity=settings.max_streams)
+    async with RingStore(RingSettings(redis_url=settings.redis_url)) as store, Heartbeat(store, info, load=load):
+        log.info("worker %s joined the hash ring", settings.worker_id)
+        yield
 
 
 def adapter_store(settings: WorkerSettings) -> AdapterStore:
@@ -58,13 +91,15 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
     adapters = AdapterCache(store, engine.load_adapter, max(settings.max_cpu_loras, settings.max_loras), metrics)
     metrics.bind(engine_queue=lambda: engine.waiting, codec_queue=lambda: runner.pending,
                  adapters_resident=lambda: len(adapters.resident))
-    deps = SessionDeps(engine, runner, sampling_defaults(settings), settings.max_text_chars, trim_factory=None,
+    deps = SessionDeps(engine, runner, sampling_defaults(settings), settings.max_text_chars, trim_factory=trim_factory(settings),
                        adapters=adapters, metrics=metrics)
     server = WorkerServer(settings, deps, store)
     if settings.prewarm_voices:
         report = await adapters.prewarm(settings.prewarm_voices)
         log.info("prewarmed voices: %s", report, extra={"prewarm": report})
     ws_server = await server.serve()
+    membership = ring_membership(settings, load=lambda: server.active)
+    await membership.__aenter__()
     log.info("worker %s listening on ws://%s:%d (codec %s)", settings.worker_id, settings.host, settings.port, runner.policy)
     print(f"voicering worker ready on ws://{settings.host}:{settings.port}", flush=True)
     if ready is not None:
@@ -72,6 +107,7 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
     try:
         await stop.wait()
     finally:
+        await membership.__aexit__(None, None, None)
         ws_server.close()
         await ws_server.wait_closed()
         await runner.aclose()

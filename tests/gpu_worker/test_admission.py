@@ -33,16 +33,6 @@ def small_worker(stand_in, adapter_store, tmp_path_factory):
     stop_worker(handle)
 
 
-async def wait_idle(worker, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        health = await asyncio.to_thread(worker.health)
-        if health["active_streams"] == 0 and health["engine_requests"] == 0:
-            return health
-        assert time.monotonic() < deadline, f"worker still busy: {health}"
-        await asyncio.sleep(0.2)
-
-
 async def test_stream_limit_answers_busy_at_once_then_admits_again(small_worker):
     async with await WorkerClient.connect(small_worker.url) as client:
         long = UtteranceOptions(max_tokens=3000, seed=1)
@@ -68,7 +58,7 @@ async def test_stream_limit_answers_busy_at_once_then_admits_again(small_worker)
                 pass
         ok = await client.say("tara", "Four.", options=UtteranceOptions(max_tokens=15, seed=2))
         assert ok.done.stats.frames == 2
-    await wait_idle(small_worker)
+    await small_worker.wait_idle()
 
 
 async def test_a_consumer_that_stops_reading_is_cut_and_others_keep_going(small_worker):
@@ -92,7 +82,7 @@ async def test_a_consumer_that_stops_reading_is_cut_and_others_keep_going(small_
             await asyncio.wait_for(stalled.recv(), 30)
     assert closed.value.rcvd is None or (closed.value.rcvd.code, closed.value.rcvd.reason) == (
         1008, "slow consumer: client stopped reading")  # None: even the close frame could not be written
-    await wait_idle(small_worker)
+    await small_worker.wait_idle()
     metrics = await asyncio.to_thread(_metrics, small_worker)
     assert 'voicering_worker_rejected_total{reason="slow_consumer"} 1.0' in metrics
     assert 'voicering_worker_utterances_total{outcome="slow_consumer"} 1.0' in metrics

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import time
 
 import numpy as np
 import pytest
@@ -17,17 +16,6 @@ from gpu_worker.orpheus import SAMPLES_PER_FRAME
 from gpu_worker.protocol import UtteranceOptions
 
 SHORT = UtteranceOptions(max_tokens=7 * 12 + 1, seed=7)
-
-
-async def wait_idle(worker, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        health = await asyncio.to_thread(worker.health)
-        if health["engine_requests"] == 0 and health["active_streams"] == 0:
-            return health
-        if time.monotonic() > deadline:
-            raise AssertionError(f"worker still busy: {health}")
-        await asyncio.sleep(0.2)
 
 
 async def test_health_lists_voices(worker):
@@ -104,7 +92,7 @@ async def test_cancel_frees_the_engine_slot(worker):
         rest = [c async for c in stream.audio()]  # drains until the worker's done(cancelled)
         assert stream.done is not None and stream.done.reason == "cancelled"
         assert len(rest) < 50
-    await wait_idle(worker)
+    await worker.wait_idle()
 
 
 async def test_client_disconnect_mid_stream_aborts_and_others_continue(worker):
@@ -122,7 +110,7 @@ async def test_client_disconnect_mid_stream_aborts_and_others_continue(worker):
         assert speech.done.stats.frames == 20
     finally:
         await survivor.aclose()
-    await wait_idle(worker)
+    await worker.wait_idle()
 
 
 async def test_unknown_voice_is_a_clear_error(worker):
@@ -149,7 +137,7 @@ async def test_text_over_limit_is_rejected(worker):
         with pytest.raises(WorkerRequestError) as err:
             await client.say("tara", "x" * 5000)
         assert err.value.error.code == "text_too_long" and "4096" in err.value.error.message
-    await wait_idle(worker)
+    await worker.wait_idle()
 
 
 @pytest.mark.parametrize(
@@ -191,3 +179,14 @@ async def test_ids_outside_the_audio_range_never_misalign_frames(worker):
     assert stats.invalid_tokens > 0
     assert stats.tokens >= stats.invalid_tokens + 7 * stats.frames
     assert len(speech.pcm) == stats.frames * SAMPLES_PER_FRAME * 2
+
+
+async def test_serving_time_trim_never_cuts_audio_that_starts_loud(worker):
+    """The worker's head-silence gate is on by default; the stand-in's noise starts at once, so it
+    must pass every sample through untouched."""
+    async with await WorkerClient.connect(worker.url) as client:
+        trimmed = await client.say("tara", "Trim me.", options=UtteranceOptions(max_tokens=7 * 10 + 1, seed=21))
+        plain = await client.say("tara", "Trim me.", options=UtteranceOptions(max_tokens=7 * 10 + 1, seed=21,
+                                                                               trim_silence=False))
+    assert trimmed.pcm == plain.pcm
+    assert trimmed.done.stats.head_silence_dropped_ms == 0.0
