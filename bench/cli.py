@@ -42,3 +42,11 @@ def train(as_json: bool = typer.Option(False, "--json", help="Print one JSON obj
     from bench.train import run
 
     _emit(run(), as_json)
+
+
+@app.command("silence")
+def silence(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """Silence detectors and the streaming gate on espeak-ng speech (same as `voicering trim bench`)."""
+    from bench.silence import run
+
+    _emit(run(), as_json)
