@@ -9,14 +9,8 @@ websocket, writes `out/demo-<voice>.wav`, prints TTFB and real-time factor, and 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 SENTENCE = "Hello! I am a cloned voice, served in real time by voicering."
@@ -25,25 +19,6 @@ REAL_WEIGHTS_HINT = (
     "  voicering worker --model canopylabs/orpheus-3b-0.1-ft --codec hubertsiuzdak/snac_24khz --voices-dir VOICES\n"
     "(or `voicering demo --model /path/to/orpheus`)."
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 600.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited early with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=3) as resp:
-                return json.loads(resp.read())
-        except OSError:
-            time.sleep(1.0)
-    raise RuntimeError(f"worker not healthy after {timeout_s:.0f} s")
 
 
 async def _route(redis_url: str, voices: list[str], timeout_s: float = 30.0) -> dict[str, str]:
@@ -84,6 +59,7 @@ async def _speak_all(redis_url: str, voices: list[str], out_dir: Path) -> list[d
 
 
 def run_demo(*, cache: Path, out_dir: Path, model: str | None = None) -> int:
+    from gpu_worker.process import WorkerStartError, spawn_worker
     from gpu_worker.stand_in import build_stand_in
     from hashring.embedded import EmbeddedRedis
 
@@ -95,17 +71,16 @@ def run_demo(*, cache: Path, out_dir: Path, model: str | None = None) -> int:
     log_path = out_dir / "demo-worker.log"
     with EmbeddedRedis() as redis:
         print(f"[2/5] embedded Redis on {redis.url}", flush=True)
-        port = _free_port()
-        cmd = [sys.executable, "-m", "voicering", "worker", "--model", model or str(paths.model), "--codec", str(paths.codec),
-               "--voices-dir", str(paths.voices), "--port", str(port), "--max-loras", "2", "--redis", redis.url,
-               "--worker-id", "demo-worker-0"]
-        print(f"[3/5] starting worker on ws://127.0.0.1:{port} (real vLLM engine; log: {log_path})", flush=True)
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")})
+        args = ["--model", model or str(paths.model), "--codec", str(paths.codec), "--voices-dir", str(paths.voices),
+                "--max-loras", "2", "--redis", redis.url, "--worker-id", "demo-worker-0"]
+        print(f"[3/5] starting a worker on the real vLLM engine (log: {log_path})", flush=True)
         try:
-            health = _wait_healthy(f"http://127.0.0.1:{port}/health", proc)
-            print(f"      worker ready: voices {health['voices']}", flush=True)
+            worker = spawn_worker(args, log_path)
+        except WorkerStartError as exc:
+            print(f"demo failed: {exc}", file=sys.stderr)
+            return 1
+        try:
+            print(f"      worker ready on {worker.url}: voices {worker.health()['voices']}", flush=True)
             print(f"[4/5] routing through the ring and speaking with {', '.join(voices)}", flush=True)
             rows = asyncio.run(_speak_all(redis.url, voices, out_dir))
             print("[5/5] results", flush=True)
@@ -117,13 +92,7 @@ def run_demo(*, cache: Path, out_dir: Path, model: str | None = None) -> int:
             print(f"demo finished in {time.perf_counter() - t0:.0f} s", flush=True)
             return 0
         except Exception as exc:
-            print(f"demo failed: {exc}\n--- worker log tail ---", file=sys.stderr)
-            print("\n".join(log_path.read_text(errors="replace").splitlines()[-30:]), file=sys.stderr)
+            print(f"demo failed: {exc}\n--- worker log tail ---\n{worker.log_tail(30)}", file=sys.stderr)
             return 1
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            worker.stop()

@@ -21,11 +21,7 @@ import asyncio
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +31,7 @@ import numpy as np
 
 from gpu_worker.errors import AdapterError
 from gpu_worker.orpheus import SAMPLE_RATE
+from gpu_worker.process import WorkerProcess, WorkerStartError, spawn_worker
 from lora_training.errors import InfrastructureError, InputError, ValidationError, VoiceExistsError
 from silence_trim.detect import measure
 
@@ -122,43 +119,24 @@ class LocalWorker:
 
     def __init__(self, model: str, codec: str, store: Path, *, max_lora_rank: int, log: Path,
                  start_timeout_s: float = 600.0) -> None:
-        self._cmd = [sys.executable, "-m", "voicering", "worker", "--model", model, "--codec", codec,
-                     "--voices-dir", str(store), "--max-loras", "1"]
-        self._env = {"VLLM_CPU_KVCACHE_SPACE": "1", **os.environ, "VOICERING_WORKER_MAX_LORA_RANK": str(max_lora_rank)}
+        self._args = ["--model", model, "--codec", codec, "--voices-dir", str(store), "--max-loras", "1",
+                      "--max-lora-rank", str(max_lora_rank)]
         self._log = log
         self._timeout = start_timeout_s
-        self._proc: subprocess.Popen | None = None
+        self._worker: WorkerProcess | None = None
         self.url = ""
 
     def __enter__(self) -> LocalWorker:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self._log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self._log, "w") as log:
-            self._proc = subprocess.Popen([*self._cmd, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                                          env=self._env, start_new_session=True)
-        deadline = time.monotonic() + self._timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise InfrastructureError(f"local validation worker exited ({self._proc.returncode}); log: {self._log}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                    self.url = f"ws://127.0.0.1:{port}"
-                    return self
-            except OSError:
-                time.sleep(1.0)
-        self.__exit__()
-        raise InfrastructureError(f"local validation worker did not start in {self._timeout:.0f} s; log: {self._log}")
+        try:
+            self._worker = spawn_worker(self._args, self._log, timeout_s=self._timeout)
+        except WorkerStartError as exc:
+            raise InfrastructureError(f"local validation worker did not start (log: {self._log}): {exc}") from None
+        self.url = self._worker.url
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
+        if self._worker is not None:
+            self._worker.stop()
 
 
 def stage(adapter_dir: Path, store: Path, job_id: str, metadata: dict) -> Path:

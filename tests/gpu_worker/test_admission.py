@@ -18,7 +18,7 @@ from bench.worker import derive_voice
 from gpu_worker.adapters import publish_adapter
 from gpu_worker.client import WorkerClient, WorkerRequestError
 from gpu_worker.protocol import UtteranceOptions
-from tests.fixtures.models import start_worker, stop_worker
+from tests.fixtures.models import start_worker
 
 SMALL = {"VOICERING_WORKER_MAX_CPU_LORAS": "2", "VOICERING_WORKER_SEND_QUEUE": "2",
          "VOICERING_WORKER_SLOW_CONSUMER_S": "1", "VOICERING_WORKER_CLOSE_TIMEOUT_S": "1",
@@ -30,7 +30,7 @@ def small_worker(stand_in, adapter_store, tmp_path_factory):
     handle = start_worker(stand_in, adapter_store, tmp_path_factory.mktemp("small-worker") / "worker.log",
                           "--max-loras", "1", "--max-streams", "2", env=SMALL)
     yield handle
-    stop_worker(handle)
+    handle.stop()
 
 
 async def test_stream_limit_answers_busy_at_once_then_admits_again(small_worker):

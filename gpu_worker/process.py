@@ -1,0 +1,94 @@
+"""A `voicering worker` as a child process on a free loopback port: started, waited on until
+`/health` answers, and stopped (its whole process group, vLLM's engine processes included).
+
+Used by the demo, the training pipeline's local validation worker and the test fixtures, so each
+starts and stops a worker the same way. Standard library only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class WorkerStartError(RuntimeError):
+    """The worker process exited or never became healthy; the message ends with its log tail."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class WorkerProcess:
+    url: str  # ws://127.0.0.1:PORT
+    http: str  # http://127.0.0.1:PORT
+    proc: subprocess.Popen
+    log_path: Path
+
+    def health(self) -> dict:
+        with urllib.request.urlopen(f"{self.http}/health", timeout=5) as resp:
+            return json.loads(resp.read())
+
+    async def wait_idle(self, timeout: float = 30.0) -> dict:
+        """Poll /health until no stream is active and the engine holds no request."""
+        deadline = time.monotonic() + timeout
+        while True:
+            health = await asyncio.to_thread(self.health)
+            if health["active_streams"] == 0 and health["engine_requests"] == 0:
+                return health
+            assert time.monotonic() < deadline, f"worker still busy: {health}"
+            await asyncio.sleep(0.2)
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (the worker shuts its engine down), then SIGKILL the process group if it lingers."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+def spawn_worker(args: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None,
+                 timeout_s: float = 600.0, cwd: Path | None = None) -> WorkerProcess:
+    """Run `voicering worker ARGS --port <free>` and return once its /health answers.
+
+    The CPU engine gets a 1 GiB KV cache unless VLLM_CPU_KVCACHE_SPACE is set (in `env` or the
+    environment); `env` entries override the environment.
+    """
+    port = free_port()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "voicering", "worker", *args, "--port", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+                                env={"VLLM_CPU_KVCACHE_SPACE": "1", **os.environ, **(env or {})})
+    worker = WorkerProcess(f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{port}", proc, log_path)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise WorkerStartError(f"worker exited with code {proc.returncode}:\n{worker.log_tail()}")
+        try:
+            worker.health()
+            return worker
+        except OSError:
+            time.sleep(1.0)
+    worker.stop()
+    raise WorkerStartError(f"worker not healthy after {timeout_s:.0f} s:\n{worker.log_tail()}")
