@@ -9,7 +9,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -125,9 +125,6 @@ class WorkerClient:
         ttfb = (stream.first_audio_at - stream.started_at) * 1000.0 if stream.first_audio_at else None
         return Speech(b"".join(chunks), stream.done, ttfb, len(chunks))
 
-    async def send_raw(self, raw: str | bytes) -> None:
-        await self._ws.send(raw)
-
     async def _send(self, message: object) -> None:
         try:
             await self._ws.send(encode(message))
@@ -168,6 +165,3 @@ class WorkerClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-
-def stats_dict(done: Done) -> dict:
-    return asdict(done.stats)

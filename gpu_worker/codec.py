@@ -202,23 +202,17 @@ class StreamingDecoder:
         self.frames: list[Frame] = []
         self.planner = ChunkPlanner(schedule or ChunkSchedule())
         self.noise_offset = noise_offset
-        self.decoded_frames = 0  # codec work, in frames decoded (context included)
 
     def push(self, frame: Frame) -> np.ndarray | None:
         self.frames.append(frame)
         window = self.planner.next_window(len(self.frames))
         return None if window is None else self._decode(window)
 
-    def pending_window(self) -> Window | None:
-        """Plan the next window without decoding it (for batched decoding across streams)."""
-        return self.planner.next_window(len(self.frames))
-
     def flush(self) -> np.ndarray | None:
         window = self.planner.final_window(len(self.frames))
         return None if window is None else self._decode(window)
 
     def _decode(self, window: Window) -> np.ndarray:
-        self.decoded_frames += window.end - window.start
         return decode_window(self.codec, self.frames, window, self.noise_offset)
 
 

@@ -20,7 +20,7 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from gpu_worker.errors import EngineError
@@ -89,7 +89,6 @@ class Voice:
 class GenerationStats:
     tokens: int = 0
     finished_by: str = ""  # "end_of_speech", "length", "aborted"
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class SpeechEngine:
@@ -103,7 +102,8 @@ class SpeechEngine:
 
     @classmethod
     async def start(cls, settings: EngineSettings) -> SpeechEngine:
-        if not cuda_available():
+        cuda = cuda_available()
+        if not cuda:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_cache_gib))
         else:
             os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # our logits processor is V1-interface
@@ -114,9 +114,9 @@ class SpeechEngine:
         from gpu_worker.sampling import SlotConstrainedSampler
 
         fp8 = settings.fp8()
-        if fp8 and not cuda_available():
+        if fp8 and not cuda:
             raise EngineError("fp8 quantization needs CUDA; use --quantization none on this machine")
-        enforce_eager = settings.enforce_eager if settings.enforce_eager is not None else not cuda_available()
+        enforce_eager = settings.enforce_eager if settings.enforce_eager is not None else not cuda
         args = AsyncEngineArgs(
             model=settings.model,
             tokenizer=settings.tokenizer or settings.model,

@@ -74,6 +74,7 @@ class Utterance:
         )
         self.trim = o.trim_silence if o.trim_silence is not None else deps.trim_factory is not None
         self._buffer: list[str] = []
+        self._buffered_chars = 0
         self._segments: asyncio.Queue[object] = asyncio.Queue()
         self._queued = 0
         self._first_queued_at: float | None = None
@@ -81,18 +82,19 @@ class Utterance:
         self._seq = 0
         seed = self.options.seed if self.options.seed is not None else random.getrandbits(32)
         self._noise_offset = seed % (NOISE_PERIOD_LATENT // LATENT_PER_FRAME)
-        self.ended = False
         if start.text:
             self.push_text(start.text)
 
     def push_text(self, text: str) -> None:
         self._buffer.append(text)
-        if sum(len(t) for t in self._buffer) > self.deps.max_text_chars:
+        self._buffered_chars += len(text)
+        if self._buffered_chars > self.deps.max_text_chars:
             raise TextTooLong(f"text exceeds {self.deps.max_text_chars} characters; split it into several flushes")
 
     def flush(self) -> None:
         text = " ".join("".join(self._buffer).split())
         self._buffer.clear()
+        self._buffered_chars = 0
         if not text:
             return
         if self._first_queued_at is None:
@@ -102,7 +104,6 @@ class Utterance:
 
     def end(self) -> None:
         self.flush()
-        self.ended = True
         if self._queued == 0:
             raise EmptyText("nothing to speak: the utterance ended without any text")
         self._segments.put_nowait(_END)
