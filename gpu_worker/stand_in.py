@@ -19,11 +19,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_worker.adapters import LORA_TARGET_MODULES
 from gpu_worker.orpheus import AUDIO_BASE, END_OF_TEXT, START_OF_TEXT, VOCAB_SIZE
 
 STAND_IN_VERSION = 1
 VOICE_NAMES = ("tara", "leo", "mia", "zac", "leah", "dan", "jess", "zoe")
-LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 # SNAC 24 kHz, as published (hubertsiuzdak/snac_24khz).
 SNAC_24KHZ_CONFIG = {

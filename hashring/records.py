@@ -15,6 +15,7 @@ from hashring.ring import Node, Ring
 
 __all__ = [
     "MAX_VOICE_ID_BYTES",
+    "VOICE_ID",
     "RingView",
     "Snapshot",
     "WorkerInfo",
@@ -22,11 +23,18 @@ __all__ = [
     "WorkerStatus",
     "check_voice_id",
     "check_worker_id",
+    "shown_voice_id",
+    "valid_voice_id",
 ]
 
 WorkerStatus = Literal["live", "draining", "down"]
 
 MAX_VOICE_ID_BYTES: Final = 256
+# The grammar of voices stored as adapters: ``name`` or ``tenant/name``, each part 1-128 letters,
+# digits or '._-' starting with a letter or digit, so a voice id is a relative path that needs no
+# quoting and never climbs ('..'). Anchored with \A...\Z: '$' would let "tara\n" through.
+VOICE_ID: Final = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,127}(?:/[A-Za-z0-9][A-Za-z0-9_.-]{0,127})?\Z")
+SHOWN_VOICE_ID_CHARS: Final = 64
 _WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
 
 
@@ -41,6 +49,18 @@ def check_worker_id(worker_id: str) -> str:
     return worker_id
 
 
+def valid_voice_id(voice: object) -> bool:
+    """True when `voice` is in the adapter grammar (`VOICE_ID`)."""
+    return isinstance(voice, str) and VOICE_ID.match(voice) is not None
+
+
+def shown_voice_id(voice: str) -> str:
+    """`voice` quoted for an error message: escaped, and cut to 64 characters so a huge id sent by a
+    client never floods a log line or a reply."""
+    text = voice if len(voice) <= SHOWN_VOICE_ID_CHARS else voice[:SHOWN_VOICE_ID_CHARS] + "…"
+    return repr(text)
+
+
 def check_voice_id(voice: str) -> str:
     """Return `voice` if usable: non-empty valid Unicode of at most 256 UTF-8 bytes.
 
@@ -53,7 +73,7 @@ def check_voice_id(voice: str) -> str:
         size = len(voice.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise InvalidVoiceId(
-            f"voice id {voice!r} is not valid Unicode (lone surrogate at position {exc.start})"
+            f"voice id {shown_voice_id(voice)!r} is not valid Unicode (lone surrogate at position {exc.start})"
         ) from None
     if size > MAX_VOICE_ID_BYTES:
         raise InvalidVoiceId(f"voice id is {size} bytes long; the limit is {MAX_VOICE_ID_BYTES} UTF-8 bytes")

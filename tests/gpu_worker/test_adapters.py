@@ -192,7 +192,7 @@ def test_remote_store_copies_into_the_local_cache(good, tmp_path):
     store = AdapterStore(f"memory:///voices-{os.getpid()}", cache_dir=tmp_path / "cache")
     voice = store.resolve("tenant/tara")
     assert Path(voice.adapter_path) == tmp_path / "cache" / "tenant" / "tara"
-    assert sorted(p.name for p in Path(voice.adapter_path).iterdir()) == [CONFIG, WEIGHTS, "voicering.json"]
+    assert sorted(p.name for p in Path(voice.adapter_path).iterdir() if not p.name.startswith(".")) == [CONFIG, WEIGHTS, "voicering.json"]
     assert store.resolve("tenant/tara").lora_id == voice.lora_id
     assert store.voices() == ["tenant/tara"]
     with pytest.raises(AdapterError, match="pickled"):
