@@ -34,7 +34,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/voicering bench codec --json
-	$(VENV)/bin/voicering ring bench --json
+	$(VENV)/bin/voicering bench ring --json
 	$(VENV)/bin/voicering bench silence --json
 	$(VENV)/bin/voicering bench worker --json
 	$(VENV)/bin/voicering bench train --json

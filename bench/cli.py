@@ -1,4 +1,7 @@
-"""`voicering bench ...`: each command runs one benchmark module and prints its JSON figures."""
+"""`voicering bench ...`: each command runs one benchmark module and prints its JSON figures.
+
+The benchmarks register here, above the packages they measure, so no package imports `bench`.
+"""
 
 from __future__ import annotations
 
@@ -45,8 +48,19 @@ def train(as_json: bool = typer.Option(False, "--json", help="Print one JSON obj
 
 
 @app.command("silence")
-def silence(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
-    """Silence detectors and the streaming gate on espeak-ng speech (same as `voicering trim bench`)."""
+def silence(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    seconds: float = typer.Option(60.0, help="Seconds of espeak-ng speech to measure speed on."),
+) -> None:
+    """Energy vs VAD: ms of CPU per second of audio, streaming cost per 2048-sample chunk, accuracy."""
     from bench.silence import run
+
+    _emit(run(seconds=seconds), as_json)
+
+
+@app.command("ring")
+def ring(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """Lookup speed against uhashring, spread, movement, and routing under stale loads for 64 workers."""
+    from bench.ring import run
 
     _emit(run(), as_json)

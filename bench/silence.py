@@ -1,6 +1,6 @@
 """Silence trimming figures: detector speed and accuracy on espeak-ng speech, streaming gate cost.
 
-`run()` returns one flat dict (printed by `voicering trim bench --json`). Speech comes from
+`run()` returns one flat dict (printed by `voicering bench silence --json`). Speech comes from
 espeak-ng + sox as in the tests (tests/fixtures/speech.py, which an installed `voicering` cannot
 import), padded with known head silence; the peer is silero-vad's own `get_speech_timestamps`
 (its torch JIT model, default settings) on the same clips, when torch is importable.

@@ -1,4 +1,4 @@
-"""CLI for hashring: `voicering ring status|where|scale|drain|undrain|simulate|bench`.
+"""CLI for hashring: `voicering ring status|where|scale|drain|undrain|simulate`.
 
 Commands that talk to Redis take `--redis URL`; without it they use VOICERING_REDIS_URL, read once
 when the command starts (RingSettings.from_env). Exit status: 0 done, 1 a request that cannot
@@ -245,15 +245,3 @@ def simulate(
                f"   (ideal {report['moved_ideal_on_add']:.4f}, mean of {trials})")
     typer.echo(f"  voices moved between other workers  {report['moved_foreign']}")
 
-
-@app.command()
-def bench(as_json: bool = JsonOption) -> None:
-    """Lookup speed against uhashring, spread, bounded loads and movement for 64 workers."""
-    from bench.ring import run
-
-    figures = run()
-    if as_json:
-        _echo_json(figures)
-        return
-    for key in sorted(figures):
-        typer.echo(f"{key:32} {figures[key]}")

@@ -3,13 +3,17 @@
 Worker side, `Heartbeat`: registers the worker (id, websocket and proxy addresses, weight,
 capacity) and refreshes its heartbeat every `heartbeat_interval_s` with its current load. If Redis
 answers that it does not know the worker (Redis restarted empty, or the worker was silent so long
-it was forgotten) it registers again. Outages are logged once and ridden out.
+it was forgotten) it registers again.
 
 Reader side, `RingWatcher`: holds the current `RingView`. It re-reads Redis whenever an epoch is
 published and at least every `refresh_interval_s` (pub/sub is fire-and-forget, so a lost message
 costs at most one interval). A worker whose heartbeat is older than `heartbeat_ttl_s` is reaped by
 the first reader that looks, so it is out of every reader's ring within TTL + one refresh. When
 Redis is unreachable the watcher keeps serving the last view and reports how stale it is.
+
+No failure ends a background task: Redis down, Redis refusing commands (OOM, READONLY after a
+failover), unreadable data or a stray message on the channel are logged (once per streak), kept
+as `last_error`, and tried again on the next tick; only `aclose()` stops a task.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections.abc import Callable
 
 from hashring.errors import RingError, RingUnavailable
 from hashring.records import RingView, Snapshot, WorkerInfo
-from hashring.store import RingStore
+from hashring.store import RingStore, Subscription
 
 __all__ = ["Heartbeat", "RingWatcher"]
 
@@ -30,6 +34,28 @@ log = logging.getLogger(__name__)
 
 def _no_load() -> int:
     return 0
+
+
+class _Streak:
+    """A background task's last error: logs the first failure of a streak and the recovery, so an
+    outage is one warning, not one per tick; unexpected errors (bugs) carry their traceback."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.error: Exception | None = None
+
+    def failed(self, exc: Exception) -> None:
+        if self.error is None:
+            if isinstance(exc, RingError):
+                log.warning("%s failed, will keep trying: %s", self.what, exc.message)
+            else:
+                log.error("%s failed unexpectedly, will keep trying", self.what, exc_info=exc)
+        self.error = exc
+
+    def ok(self) -> None:
+        if self.error is not None:
+            log.info("%s works again", self.what)
+        self.error = None
 
 
 async def _stop(task: asyncio.Task[None]) -> None:
@@ -55,10 +81,16 @@ class Heartbeat:
         self._load = load
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._streak = _Streak(f"worker {info.id} heartbeat")
 
     @property
     def info(self) -> WorkerInfo:
         return self._info
+
+    @property
+    def last_error(self) -> Exception | None:
+        """Why the latest heartbeat failed; None once one succeeds."""
+        return self._streak.error
 
     async def start(self) -> int:
         """Register (retrying with backoff) and start heartbeating; returns the epoch."""
@@ -91,21 +123,19 @@ class Heartbeat:
         await self.aclose()
 
     async def _run(self) -> None:
-        wid, failing = self._info.id, False
+        # A failed beat is retried on the next tick, never later: a worker silent for the TTL
+        # leaves every reader's ring, so backing off past it would turn a blip into an outage.
+        wid = self._info.id
         while not self._closing:
             await asyncio.sleep(self._store.settings.heartbeat_interval_s)
             try:
                 if await self._store.heartbeat(wid, self._load()) < 0:
                     log.warning("Redis does not know worker %s (restarted empty?); registering again", wid)
                     await self._store.register(self._info)
-            except RingUnavailable as exc:
-                if not failing:
-                    log.warning("worker %s heartbeat failed, will keep trying: %s", wid, exc.message)
-                failing = True
-                continue
-            if failing:
-                log.info("worker %s reaches Redis again", wid)
-                failing = False
+            except Exception as exc:  # kept by the streak and logged: the task must live on
+                self._streak.failed(exc)
+            else:
+                self._streak.ok()
 
 
 class RingWatcher:
@@ -116,7 +146,8 @@ class RingWatcher:
         self._settings = store.settings
         self._view: RingView | None = None
         self._synced_at: float | None = None
-        self._error: RingUnavailable | None = None
+        self._error: Exception | None = None
+        self._listen = _Streak("ring pub/sub listener")
         self._wake = asyncio.Event()
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()
@@ -140,13 +171,26 @@ class RingWatcher:
         return asyncio.get_running_loop().time() - self._synced_at
 
     @property
-    def stale(self) -> bool:
-        """True while the last attempt to read Redis failed (the view is the last good one)."""
-        return self._error is not None
+    def stale_after_s(self) -> float:
+        """How old the last good read may get before the view counts as stale: two refresh
+        intervals (one may be lost to a slow tick) plus the Redis timeout of the read itself."""
+        return 2 * self._settings.refresh_interval_s + self._settings.redis_timeout_s
 
     @property
-    def last_error(self) -> RingUnavailable | None:
+    def stale(self) -> bool:
+        """True when the view may be out of date: the latest read failed, or none has succeeded
+        for `stale_after_s`, whatever stopped it (so a stuck refresh cannot pass for a fresh one)."""
+        return self._error is not None or self.staleness_s > self.stale_after_s
+
+    @property
+    def last_error(self) -> Exception | None:
+        """Why the latest read failed (a RingError, or any exception a bug raised); None once one succeeds."""
         return self._error
+
+    @property
+    def listen_error(self) -> Exception | None:
+        """Why the pub/sub listener last failed; None while it is subscribed. Refreshes go on meanwhile."""
+        return self._listen.error
 
     async def wait_for(self, predicate: Callable[[RingView], bool], timeout: float) -> RingView:
         """Wait until the view satisfies `predicate`; raises TimeoutError after `timeout` seconds."""
@@ -182,15 +226,16 @@ class RingWatcher:
         await self.aclose()
 
     async def refresh(self) -> RingView:
-        """Read Redis now and swap in the new view; raises RingUnavailable (view kept) on failure."""
+        """Read Redis now and swap in the new view; on failure the view is kept, the error is
+        `last_error` and re-raised (RingUnavailable when Redis is down or refusing commands)."""
         async with self._lock:
             try:
                 snap = await self._store.snapshot()
-            except RingUnavailable as exc:
+                view = await asyncio.to_thread(
+                    RingView.from_snapshot, snap, vnodes=self._settings.vnodes, previous=self._view)
+            except Exception as exc:
                 self._error = exc
                 raise
-            view = await asyncio.to_thread(
-                RingView.from_snapshot, snap, vnodes=self._settings.vnodes, previous=self._view)
             if self._lost_data(snap, view):
                 assert self._view is not None
                 self._error = RingUnavailable(
@@ -217,7 +262,8 @@ class RingWatcher:
     # -- background tasks -------------------------------------------------------------------------
 
     async def _refresh_loop(self) -> None:
-        failing = False
+        # Failures back off by themselves: the next try waits for the next interval or epoch message.
+        streak = _Streak("ring refresh (serving the last ring meanwhile)")
         while not self._closing:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._settings.refresh_interval_s):
@@ -227,32 +273,29 @@ class RingWatcher:
                 return
             try:
                 await self.refresh()
-            except RingUnavailable as exc:
-                if not failing:
-                    log.warning("ring refresh failed; serving the last ring: %s", exc.message)
-                failing = True
-                continue
-            if failing:
-                log.info("ring refresh works again (epoch %d)", self.view.epoch)
-                failing = False
+            except Exception as exc:  # kept as last_error and logged: the task must live on
+                streak.failed(exc)
+            else:
+                streak.ok()
 
     async def _listen_loop(self) -> None:
         retry, attempt = self._settings.retry, 0
         while not self._closing:
+            subscription: Subscription | None = None
             try:
                 subscription = await self._store.subscribe()
-            except RingUnavailable:
-                await asyncio.sleep(retry.delay(min(attempt, 16)))
-                attempt += 1
-                continue
-            attempt = 0
-            try:
                 self._wake.set()  # catch up on anything published while we were not listening
                 while not self._closing:
                     epoch = await subscription.next(timeout=self._settings.refresh_interval_s)
+                    self._listen.ok()
+                    attempt = 0
                     if epoch is not None and (self._view is None or epoch != self._view.epoch):
                         self._wake.set()
-            except RingUnavailable:
-                pass
+            except Exception as exc:  # kept as listen_error and logged: subscribe again
+                self._listen.failed(exc)
             finally:
-                await subscription.aclose()
+                if subscription is not None:
+                    await subscription.aclose()
+            if not self._closing:
+                await asyncio.sleep(retry.delay(min(attempt, 16)))
+                attempt += 1

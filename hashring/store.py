@@ -1,5 +1,6 @@
 """The Redis seam: key layout, the Lua scripts that change membership and placement atomically,
-and the mapping of redis-py errors to `RingUnavailable`.
+and the mapping of redis-py errors to the ring's own (`RingUnavailable` when trying again can help,
+`RingError` when it cannot).
 
 Every change (join, leave, drain, undrain, a worker going silent or coming back, a replica count
 set by an operator or by the autoscaler) runs as one Lua script that also increments the epoch and
@@ -28,6 +29,7 @@ import contextlib
 import logging
 import math
 import random
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -37,7 +39,7 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from hashring.errors import RingUnavailable, UnknownWorker
+from hashring.errors import RingError, RingUnavailable, UnknownWorker
 from hashring.records import Snapshot, WorkerInfo, check_voice_id, check_worker_id
 from hashring.settings import RingSettings
 
@@ -48,6 +50,12 @@ T = TypeVar("T")
 
 _NOW = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) + tonumber(t[2]) / 1000000\n"
 _BUMP = "local e = redis.call('INCR', KEYS[{epoch}])\nredis.call('PUBLISH', ARGV[{channel}], e)\n"
+
+# Error replies that mean "not now" rather than "never": out of memory (noeviction), a primary
+# turned replica by a failover, loading, a busy script, no quorum. The code is the first word of a
+# Redis error reply; a Lua script's error wraps the reply ("Error running script ...: -OOM ..."), so
+# it is also looked for after a '-'.
+_TRANSIENT = re.compile(r"(?:^|-)(OOM|READONLY|LOADING|BUSY|MASTERDOWN|NOREPLICAS|MISCONF|TRYAGAIN|CLUSTERDOWN)\b")
 
 # KEYS: workers heartbeats live load epoch   ARGV: id json channel
 _REGISTER = _NOW + """
@@ -193,7 +201,11 @@ class Subscription:
         msg = await self._store._call(self._pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout))
         if msg is None or msg.get("type") != "message":
             return None
-        return int(msg["data"])
+        try:
+            return int(msg["data"])
+        except (TypeError, ValueError):  # not ours: anyone can publish on a channel
+            log.warning("ignoring a message on %s that is not an epoch: %.60r", self._store.keys.events, msg["data"])
+            return None
 
     async def aclose(self) -> None:
         with contextlib.suppress(redis.exceptions.RedisError, OSError):  # closing a dead link
@@ -245,6 +257,19 @@ class RingStore:
                 f"Redis at {self._where} is unreachable ({type(exc).__name__}); readers keep serving "
                 f"the last ring they had. Check that Redis runs and that VOICERING_REDIS_URL points at it."
             ) from exc
+        except redis.exceptions.RedisError as exc:
+            raise self._refused(exc) from exc
+
+    def _refused(self, exc: redis.exceptions.RedisError) -> RingError:
+        reply = str(exc)
+        code = _TRANSIENT.search(reply)
+        if code:
+            return RingUnavailable(
+                f"Redis at {self._where} refused the command ({code[1]}): {reply}. Readers keep serving the "
+                f"last ring they had; check Redis memory (maxmemory) and that the URL names the primary.")
+        return RingError(
+            f"Redis at {self._where} answered an error: {reply}. Something other than voicering may have "
+            f"written keys under {self._settings.prefix!r}; check them with redis-cli.")
 
     async def _write(self, make: Callable[[], Awaitable[T]]) -> T:
         policy = self._settings.retry
@@ -352,17 +377,22 @@ class RingStore:
                 infos[wid.decode()] = WorkerInfo.from_json(blob)
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("skipping unreadable worker record %r in Redis: %s", wid, exc)
-        return Snapshot(
-            epoch=int(epoch),
-            server_time=float(now),
-            workers=infos,
-            heartbeats={w.decode(): float(t) for w, t in _pairs(beats)},
-            live=frozenset(w.decode() for w in live),
-            draining=frozenset(w.decode() for w in draining),
-            loads={w.decode(): int(n) for w, n in _pairs(loads)},
-            replicas={v.decode(): int(n) for v, n in _pairs(replicas)},
-            auto_replicas={v.decode(): int(n) for v, n in _pairs(auto)},
-        )
+        try:
+            return Snapshot(
+                epoch=int(epoch),
+                server_time=float(now),
+                workers=infos,
+                heartbeats={w.decode(): float(t) for w, t in _pairs(beats)},
+                live=frozenset(w.decode() for w in live),
+                draining=frozenset(w.decode() for w in draining),
+                loads={w.decode(): int(n) for w, n in _pairs(loads)},
+                replicas={v.decode(): int(n) for v, n in _pairs(replicas)},
+                auto_replicas={v.decode(): int(n) for v, n in _pairs(auto)},
+            )
+        except (ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
+            raise RingError(
+                f"Redis holds unreadable ring state under {s.prefix!r} ({exc}); something other than "
+                f"voicering may have written there. Check those keys with redis-cli.") from exc
 
     async def auto_replicas(self) -> dict[str, int]:
         """Automatic replica counts of the voices that have one."""

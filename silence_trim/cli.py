@@ -1,4 +1,4 @@
-"""`voicering trim ...`: measure and trim head/tail silence of audio files, and benchmark it."""
+"""`voicering trim ...`: measure and trim head/tail silence of audio files."""
 
 from __future__ import annotations
 
@@ -109,18 +109,3 @@ def apply(
     if summary["failed"]:
         raise typer.Exit(1)
 
-
-@app.command("bench")
-def bench(
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    seconds: float = typer.Option(60.0, help="Seconds of espeak-ng speech to measure speed on."),
-) -> None:
-    """Energy vs VAD: ms of CPU per second of audio, streaming cost per 2048-sample chunk, accuracy."""
-    from bench.silence import run
-
-    figures = run(seconds=seconds)
-    if as_json:
-        typer.echo(json.dumps(figures, indent=2, sort_keys=True))
-    else:
-        for key in sorted(figures):
-            typer.echo(f"{key:44s} {figures[key]}")

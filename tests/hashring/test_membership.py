@@ -321,3 +321,118 @@ async def test_close_is_prompt_even_when_a_cancel_is_swallowed(ring_settings):
             started = loop.time()
             await asyncio.wait_for(asyncio.gather(watcher.aclose(), beat.aclose(deregister=False)), 10)
             assert loop.time() - started < 2.0
+
+
+# -- background tasks outlive every kind of failure (regressions: a ResponseError or a stray
+#    message used to end the heartbeat, refresh or listen task for good, with `stale` still False)
+
+
+async def _poll(predicate, timeout: float, every: float = 0.02) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(every)
+
+
+async def _poll_async(probe, want, timeout: float) -> None:
+    async with asyncio.timeout(timeout):
+        while await probe() != want:
+            await asyncio.sleep(0.02)
+
+
+async def test_tasks_ride_out_redis_refusing_writes_and_recover(ring_settings):
+    s = ring_settings
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(RingStore(s))
+        watcher = await stack.enter_async_context(RingWatcher(store))
+        beats = await start_workers(stack, store, 2)
+        before = await watcher.wait_for(lambda v: len(v.ring) == 2, 5)
+        raw = aioredis.from_url(s.redis_url)
+        stack.push_async_callback(raw.aclose)
+        saved = {**await raw.config_get("maxmemory"), **await raw.config_get("maxmemory-policy")}
+
+        async def restore() -> None:
+            for key, value in saved.items():
+                await raw.config_set(key, value)
+
+        stack.push_async_callback(restore)
+        await raw.config_set("maxmemory-policy", "noeviction")
+        await raw.config_set("maxmemory", 1)  # every write now answers "-OOM command not allowed"
+
+        await _poll(lambda: all(isinstance(b.last_error, RingUnavailable) for b in beats), 3)
+        assert "OOM" in beats[0].last_error.message
+        with pytest.raises(RingUnavailable) as err:  # writers retry, then give up with a retryable error
+            await store.set_draining("w0", True)
+        assert "refused the command (OOM)" in err.value.message
+        # Silent past the TTL, the workers leave the ring (the reap itself may write under OOM).
+        await asyncio.sleep(s.heartbeat_ttl_s + 2 * s.refresh_interval_s)
+        assert all(isinstance(b.last_error, RingUnavailable) for b in beats)
+
+        await restore()  # the heartbeats that kept trying bring both workers back
+        after = await watcher.wait_for(lambda v: len(v.ring) == 2 and not watcher.stale, 5)
+        assert after.ring.digest() == before.ring.digest() and all(b.last_error is None for b in beats)
+        await store.set_draining("w0", True)  # pub/sub and the refresh loop both carry on
+        await watcher.wait_for(lambda v: members(watcher) == {"w1"}, 3)
+
+
+async def test_readonly_after_a_failover_is_retryable(ring_settings, redis_server):
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(RingStore(ring_settings))
+        await store.register(info(0))
+        raw = aioredis.from_url(ring_settings.redis_url)
+        stack.push_async_callback(raw.aclose)
+        stack.push_async_callback(raw.execute_command, "REPLICAOF", "NO", "ONE")
+        await raw.execute_command("REPLICAOF", "127.0.0.1", "1")  # a primary demoted to a replica
+        with pytest.raises(RingUnavailable) as err:
+            await store.heartbeat("w0", 1)
+        assert err.value.retryable and "refused the command (READONLY)" in err.value.message
+        assert (await store.snapshot()).live == {"w0"}  # reads still work on a replica
+
+
+async def test_unreadable_state_makes_the_watcher_stale_until_it_is_fixed(ring_settings):
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(RingStore(ring_settings))
+        watcher = await stack.enter_async_context(RingWatcher(store))
+        await start_workers(stack, store, 1)
+        await watcher.wait_for(lambda v: len(v.ring) == 1, 3)
+        raw = aioredis.from_url(ring_settings.redis_url)
+        stack.push_async_callback(raw.aclose)
+
+        await raw.set(store.keys.draining, "oops")  # a key of the wrong type: Redis answers WRONGTYPE
+        await _poll(lambda: watcher.stale, 3)
+        assert "WRONGTYPE" in watcher.last_error.message and not watcher.last_error.retryable
+        await raw.delete(store.keys.draining)
+        await _poll(lambda: not watcher.stale, 3)
+
+        await raw.hset(store.keys.replicas, "tara", "three")  # a value voicering cannot parse
+        await _poll(lambda: watcher.stale, 3)
+        assert "unreadable ring state" in watcher.last_error.message and not watcher.last_error.retryable
+        await raw.hset(store.keys.replicas, "tara", 3)
+        await watcher.wait_for(lambda v: v.replicas.get("tara") == 3, 3)
+        assert not watcher.stale and watcher.last_error is None
+
+
+async def test_a_malformed_message_on_the_channel_does_not_stop_the_listener(ring_settings):
+    slow = dataclasses.replace(ring_settings, refresh_interval_s=30.0)  # only pub/sub can deliver in time
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(RingStore(slow))
+        watcher = await stack.enter_async_context(RingWatcher(store))
+        await start_workers(stack, store, 2)
+        await watcher.wait_for(lambda v: len(v.ring) == 2, 2)
+        raw = aioredis.from_url(slow.redis_url)
+        stack.push_async_callback(raw.aclose)
+        await _poll_async(lambda: raw.pubsub_numsub(store.keys.events), [(store.keys.events.encode(), 1)], 3)
+        for junk in (b"not-an-epoch", b"\xff\xfe", b"1.5", b""):
+            assert await raw.publish(store.keys.events, junk) == 1  # our listener is subscribed
+        await store.set_draining("w0", True)
+        await watcher.wait_for(lambda v: "w0" not in v.ring, 2)
+        assert watcher.listen_error is None
+
+
+async def test_a_watcher_nobody_refreshes_turns_stale_by_itself(ring_settings):
+    async with RingStore(ring_settings) as store:
+        watcher = RingWatcher(store)
+        await watcher.start()
+        assert not watcher.stale
+        await watcher.aclose()  # as if its refresh task had died: no error is ever recorded
+        await asyncio.sleep(watcher.stale_after_s + 0.1)
+        assert watcher.last_error is None and watcher.stale

@@ -3,9 +3,11 @@ stays free of Redis and of other voicering packages."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +42,19 @@ def test_package_imports_nothing_from_other_voicering_packages():
         "import importlib; importlib.reload(hashring)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_no_module_imports_another_voicering_package_even_lazily():
+    # Regression: `voicering ring bench` imported bench inside the command, a lazy import that the
+    # check above cannot see; the benches now register themselves from voicering/cli.py.
+    others = {"voicering", "gateway", "gpu_worker", "lora_training", "silence_trim", "bench"}
+    found = []
+    for path in sorted((Path(__file__).parents[2] / "hashring").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0] in others]
+    assert not found, found
 
 
 def test_package_root_does_not_load_redis():

@@ -1,8 +1,10 @@
-"""`voicering trim measure|apply` on real files."""
+"""`voicering trim measure|apply` on real files; the silence bench is wired from above."""
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import soundfile as sf
 from typer.testing import CliRunner
@@ -67,3 +69,27 @@ def test_bad_options_are_reported(tmp_path, clip):
     assert result.exit_code != 0 and "fade_ms" in result.output
     result = runner.invoke(app, ["measure", str(path), "--detector", "webrtc"])
     assert result.exit_code != 0 and "choose one of energy, vad" in result.output
+
+
+def test_silence_trim_never_imports_bench():
+    # Regression: `voicering trim bench` imported bench.silence lazily from silence_trim/cli.py;
+    # the command is now `voicering bench silence`, registered by bench/cli.py.
+    found = []
+    for path in sorted((Path(__file__).parents[2] / "silence_trim").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found += [f"{path.name}: {a.name}" for a in node.names if a.name.split(".")[0] == "bench"]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "bench" and not node.level:
+                found.append(f"{path.name}: {node.module}")
+    assert not found, found
+    assert "bench" not in {c.name for c in app.registered_commands}
+
+
+def test_bench_silence_is_a_root_command(monkeypatch):
+    import bench.silence
+    from voicering.cli import app as root
+
+    monkeypatch.setattr(bench.silence, "run", lambda seconds: {"seconds": seconds})
+    result = runner.invoke(root, ["bench", "silence", "--json", "--seconds", "3"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"seconds": 3.0}
