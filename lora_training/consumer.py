@@ -9,8 +9,12 @@ keeps the stream entry fresh and watches for a cancel request; then record the o
   trainer re-claims it after `claim_idle_ms`;
 - lease lost: nothing written (another trainer may own the job now).
 
-A SIGKILLed trainer writes nothing at all; its entry goes idle and its lock expires, which is
-the same path as a retryable failure.
+Every write while a job runs is fenced by the lock token, and so is publishing. A trainer that
+cannot renew for `lease_ms` by its own clock stops the job itself (LeaseLost), since by then the
+lock may have passed to another trainer. Redis failures outside a job (reading the queue,
+recording an outcome) are logged and retried with capped exponential backoff: the process lives
+through a Redis restart. A SIGKILLed trainer writes nothing at all; its entry goes idle and its
+lock expires, which is the same path as a retryable failure.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ import threading
 import time
 import uuid
 
-from lora_training.errors import JobStopped, LeaseLost, TrainingError
-from lora_training.jobs import Delivery, JobQueue
-from lora_training.pipeline import JobState, phase_percent, run_job
+from lora_training.errors import InfrastructureError, JobStopped, LeaseLost, TrainingError
+from lora_training.jobs import Delivery, JobQueue, Lease
+from lora_training.pipeline import JobSpec, JobState, phase_percent, run_job
 from lora_training.publish import Sampler
 from lora_training.settings import TrainSettings
 from lora_training.stop import Stop
@@ -32,63 +36,92 @@ from lora_training.stop import Stop
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 0.5
+BACKOFF_FIRST_S = 0.5  # first wait after a Redis failure; doubles up to TrainSettings.retry_max_s
 
 
 class RedisReporter:
-    """Writes a job's state and progress into its hash (progress throttled); silent once stopped."""
+    """Fenced writes of a job's state and progress (progress throttled); silent once stopped.
 
-    def __init__(self, queue: JobQueue, job_id: str, stop: Stop) -> None:
-        self.queue, self.job_id, self.stop = queue, job_id, stop
+    A failed write is logged and dropped: the next one carries the news, and whether this trainer
+    still owns the job is the heartbeat's call, by the lease. A refused write (the lock holds
+    another token) stops the job with LeaseLost.
+    """
+
+    def __init__(self, lease: Lease, stop: Stop) -> None:
+        self.lease, self.stop = lease, stop
         self._last = 0.0
 
     def state(self, state: JobState, message: str = "") -> None:
-        if self.stop.requested:
-            return
         fields: dict[str, object] = {"state": state, "message": message}
         if state in ("preprocessing", "training", "validating", "publishing"):
             fields["progress"] = phase_percent(state, 0.0)
         if state == "ready":
             fields["progress"] = 100.0
-        self.queue.update(self.job_id, **fields)
+        self._write(fields)
 
     def progress(self, percent: float, message: str = "", **fields: object) -> None:
         now = time.monotonic()
-        if self.stop.requested or (now - self._last < PROGRESS_EVERY_S and percent < 100.0):
+        if now - self._last < PROGRESS_EVERY_S and percent < 100.0:
             return
         self._last = now
-        self.queue.update(self.job_id, progress=percent, message=message, **fields)
+        self._write({"progress": percent, "message": message, **fields})
+
+    def _write(self, fields: dict[str, object]) -> None:
+        if self.stop.requested:
+            return
+        try:
+            self.lease.update(**fields)
+        except LeaseLost as err:
+            self.stop.set(err)
+            raise
+        except InfrastructureError as err:
+            log.warning("job %s: progress not recorded: %s", self.lease.job_id, err.message)
 
 
 class Heartbeat:
-    """Renews the lock and the stream entry every lease_ms / 3; turns cancel requests into a stop."""
+    """Renews the lease every lease_ms / 3 and re-claims the entry; turns cancel or loss into a stop.
 
-    def __init__(self, queue: JobQueue, delivery: Delivery, consumer: str, token: str, lease_ms: int, stop: Stop) -> None:
-        self.queue, self.delivery, self.consumer, self.token = queue, delivery, consumer, token
-        self.lease_ms, self.stop = lease_ms, stop
+    A second thread watches the lease by this trainer's clock, because a renewal can hang on a
+    cut connection for longer than the lease itself.
+    """
+
+    def __init__(self, queue: JobQueue, lease: Lease, delivery: Delivery, consumer: str, stop: Stop) -> None:
+        self.queue, self.lease, self.delivery, self.consumer, self.stop = queue, lease, delivery, consumer, stop
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{delivery.job_id}", daemon=True)
+        self._threads = [threading.Thread(target=self._renew, name=f"heartbeat-{delivery.job_id}", daemon=True),
+                         threading.Thread(target=self._watch, name=f"lease-watch-{delivery.job_id}", daemon=True)]
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
-        self._thread.join()
+        for thread in self._threads:  # a renewal hung on a cut connection is left to time out (daemon)
+            thread.join(timeout=self.lease.lease_ms / 1000.0)
 
-    def _run(self) -> None:
+    def _renew(self) -> None:
         job_id = self.delivery.job_id
-        while not self._done.wait(self.lease_ms / 3000.0):
+        while not self._done.wait(self.lease.lease_ms / 3000.0):
             try:
-                if not self.queue.renew(job_id, self.token, self.lease_ms):
+                if not self.lease.renew():
                     self.stop.set(LeaseLost(f"job {job_id}: lease lost; another trainer may own it now"))
                     return
                 self.queue.touch(self.delivery, self.consumer)
                 status = self.queue.status(job_id)
                 if status is not None and status.cancel_requested:
                     self.stop.set(JobStopped(f"job {job_id} was cancelled"))
-            except TrainingError as err:  # Redis unreachable: keep trying until the lease is gone
-                log.warning("heartbeat for job %s failed: %s", job_id, err)
+            except TrainingError as err:  # Redis unreachable: the watch thread ends the job when the lease is gone
+                log.warning("heartbeat for job %s failed: %s", job_id, err.message)
+
+    def _watch(self) -> None:
+        period_s = min(self.lease.lease_ms / 10_000.0, 0.25)
+        while not self._done.wait(period_s):
+            if self.lease.expired:
+                self.stop.set(LeaseLost(f"job {self.delivery.job_id}: no lease renewal for {self.lease.lease_ms} ms "
+                                        "(Redis unreachable?); another trainer may own it now"))
+                return
 
 
 class TrainWorker:
@@ -104,17 +137,20 @@ class TrainWorker:
 
     def run(self, *, max_jobs: int | None = None, stop_event: threading.Event | None = None) -> int:
         """Process deliveries until max_jobs jobs ran to an outcome (or stop_event is set)."""
-        finished = 0
-        while (max_jobs is None or finished < max_jobs) and not (stop_event and stop_event.is_set()):
+        stop_event = stop_event or threading.Event()
+        finished = failures = 0
+        while (max_jobs is None or finished < max_jobs) and not stop_event.is_set():
             try:
                 delivery = self.queue.next(self.consumer, block_ms=self.settings.block_ms,
                                            claim_idle_ms=self.settings.claim_idle_ms)
-            except TrainingError as err:
-                log.warning("cannot read the queue: %s", err)
-                time.sleep(self.settings.block_ms / 1000.0)
-                continue
-            if delivery is not None and self.process(delivery):
-                finished += 1
+                if delivery is not None and self.process(delivery):
+                    finished += 1
+                failures = 0
+            except TrainingError as err:  # Redis down or restarting: wait, then carry on
+                failures += 1
+                delay = min(BACKOFF_FIRST_S * 2 ** (failures - 1), self.settings.retry_max_s)
+                log.warning("training queue failed (%s); retrying in %.1f s", err.message, delay)
+                stop_event.wait(delay)
         return finished
 
     def process(self, delivery: Delivery) -> bool:
@@ -125,8 +161,8 @@ class TrainWorker:
         if status is None or spec is None or status.terminal:
             queue.ack(delivery)
             return False
-        token = f"{self.consumer}:{uuid.uuid4().hex[:8]}"
-        if not queue.acquire(job_id, token, self.settings.lease_ms):
+        lease = Lease(queue, job_id, f"{self.consumer}:{uuid.uuid4().hex[:8]}", self.settings.lease_ms)
+        if not lease.acquire():
             log.info("job %s is locked by %s; leaving it", job_id, queue.holder(job_id))
             return False
         try:
@@ -135,52 +171,58 @@ class TrainWorker:
                 queue.ack(delivery)
                 return False
             if status.cancel_requested:
-                queue.update(job_id, state="cancelled", message="cancelled before it started")
+                lease.update(state="cancelled", message="cancelled before it started")
                 queue.ack(delivery)
                 return True
             attempts = status.attempts + 1
             if attempts > self.settings.max_attempts:
-                queue.update(job_id, state="failed", error_code="attempts",
+                lease.update(state="failed", error_code="attempts",
                              error=f"gave up after {self.settings.max_attempts} attempts; last: {status.error or status.message}")
                 queue.ack(delivery)
                 return True
-            queue.update(job_id, attempts=attempts, consumer=self.consumer,
+            lease.update(attempts=attempts, consumer=self.consumer,
                          message="re-claimed from a stopped trainer" if delivery.reclaimed else "started")
-            return self._run(delivery, spec, token, attempts)
+            return self._run(delivery, spec, lease, attempts)
+        except LeaseLost as err:  # an outcome write was refused: the job is another trainer's now
+            log.warning("%s", err.message)
+            return False
         finally:
-            queue.release(job_id, token)
+            try:
+                lease.release()
+            except TrainingError as err:  # the lock expires by itself
+                log.warning("cannot release job %s: %s", job_id, err.message)
 
-    def _run(self, delivery: Delivery, spec, token: str, attempts: int) -> bool:
+    def _run(self, delivery: Delivery, spec: JobSpec, lease: Lease, attempts: int) -> bool:
         queue, job_id = self.queue, delivery.job_id
         stop = Stop()
-        reporter = RedisReporter(queue, job_id, stop)
         try:
-            with Heartbeat(queue, delivery, self.consumer, token, self.settings.lease_ms, stop):
-                run_job(spec, self.settings, reporter, stop=stop, sampler=self.sampler, console=self.console,
-                        on_resume=lambda step: queue.update(job_id, resumed_from_step=step))
+            with Heartbeat(queue, lease, delivery, self.consumer, stop):
+                run_job(spec, self.settings, RedisReporter(lease, stop), stop=stop, sampler=self.sampler,
+                        console=self.console, fence=lease.fence_publish,
+                        on_resume=lambda step: lease.update(resumed_from_step=step))
         except LeaseLost as err:
-            log.warning("%s", err)
+            log.warning("%s", err.message)
             return False
         except JobStopped as err:
-            queue.update(job_id, state="cancelled", message=err.message)
+            lease.update(state="cancelled", message=err.message)
             queue.ack(delivery)
             return True
         except TrainingError as err:
             if err.retryable and attempts < self.settings.max_attempts:
-                queue.update(job_id, state="queued", error=err.message, error_code=err.code,
+                lease.update(state="queued", error=err.message, error_code=err.code,
                              message=f"attempt {attempts} failed ({err.message}); will retry")
                 return False
-            queue.update(job_id, state="failed", error=err.message, error_code=err.code, message=err.message)
+            lease.update(state="failed", error=err.message, error_code=err.code, message=err.message)
             queue.ack(delivery)
             return True
         except Exception as err:  # a bug or a library failure: record it, retry like an infrastructure error
             log.exception("job %s failed unexpectedly", job_id)
             message = f"internal error: {type(err).__name__}: {err}"
             if attempts < self.settings.max_attempts:
-                queue.update(job_id, state="queued", error=message, error_code="internal",
+                lease.update(state="queued", error=message, error_code="internal",
                              message=f"attempt {attempts} failed; will retry")
                 return False
-            queue.update(job_id, state="failed", error=message, error_code="internal", message=message)
+            lease.update(state="failed", error=message, error_code="internal", message=message)
             queue.ack(delivery)
             return True
         queue.ack(delivery)

@@ -6,7 +6,8 @@
     │   ├── AudioError                 a file cannot be decoded, or its audio is unusable
     │   ├── SpeechAmountError          too little or too much speech in total
     │   ├── TranscriptError            transcripts missing, unreadable or not matching the files
-    │   └── VoiceExistsError           the tenant already has a voice with that name
+    │   ├── VoiceExistsError           the tenant already has a voice with that name
+    │   └── JobExistsError             a job with that id is still owed or already ended
     ├── ConfigError (not retryable)    this trainer is misconfigured (missing model, ASR backend...)
     ├── JobStopped (not retryable)     the job was cancelled while it ran
     ├── LeaseLost (retryable)          another trainer may own the job now; stop without writing
@@ -48,6 +49,10 @@ class TranscriptError(InputError):
 
 class VoiceExistsError(InputError):
     code = "voice_exists"
+
+
+class JobExistsError(InputError):
+    code = "job_exists"
 
 
 class ConfigError(TrainingError):

@@ -14,6 +14,15 @@ both: after `lease_ms` its lock expires, after `claim_idle_ms` (>= lease_ms) any
 XAUTOCLAIM takes the entry over, takes the lock, and runs the job again, which resumes from the
 caches and the last checkpoint. The lock, not the stream, is what guarantees a job never runs
 twice at once: a trainer that cannot take it leaves the entry alone.
+
+A trainer's writes are fenced by its lock token (a Lua script writes only while the lock holds
+that token), and so is publishing: `Lease.fence_publish` checks the token, extends the lock and
+records the token in the job hash in one script, right before the voice is renamed into place.
+Each trainer also keeps its own monotonic clock on the lease (`Lease.expired`), so a trainer cut
+off from Redis knows when its lock may have passed to another trainer.
+
+Submitting (hash + index + stream entry) and cancelling (state check + write) are one script each.
+XAUTOCLAIM scans at most 10 pending entries per call, so `next` follows its cursor across calls.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from lora_training.errors import InfrastructureError
+from lora_training.errors import InfrastructureError, JobExistsError, LeaseLost
 from lora_training.pipeline import TERMINAL, JobSpec
 
 if TYPE_CHECKING:
@@ -39,6 +48,67 @@ return 0
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
+"""
+# KEYS: job hash, lock. ARGV: token, field, value, ... Writes only while the lock holds the token.
+_FENCED_HSET = """
+if redis.call('get', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('hset', KEYS[1], unpack(ARGV, 2))
+return 1
+"""
+# KEYS: lock, job hash. ARGV: token, lease_ms, now. The last check before the publishing rename.
+_FENCE_PUBLISH = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('pexpire', KEYS[1], ARGV[2])
+redis.call('hset', KEYS[2], 'publish_token', ARGV[1], 'publish_at', ARGV[3], 'updated_at', ARGV[3])
+return 1
+"""
+# KEYS: job hash, stream, index. ARGV: job id, spec, voice id, now, group, terminal states...
+# An existing job blocks a resubmission only if it ended or its stream entry is still owed
+# (pending, or not yet delivered); otherwise it is an orphan and is replaced.
+_SUBMIT = """
+local function later(a, b)
+  local am, as = string.match(a, '(%d+)-(%d+)')
+  local bm, bs = string.match(b, '(%d+)-(%d+)')
+  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
+  return am > bm or (am == bm and as > bs)
+end
+local function undelivered(entry)
+  for _, group in ipairs(redis.call('xinfo', 'groups', KEYS[2])) do
+    local info = {}
+    for i = 1, #group, 2 do info[group[i]] = group[i + 1] end
+    if info['name'] == ARGV[5] then return later(entry, info['last-delivered-id']) end
+  end
+  return true
+end
+local state = redis.call('hget', KEYS[1], 'state')
+if state then
+  for i = 6, #ARGV do if state == ARGV[i] then return {'ended', state} end end
+  local entry = redis.call('hget', KEYS[1], 'entry_id')
+  if entry and #redis.call('xrange', KEYS[2], entry, entry) > 0 then
+    if undelivered(entry) or #redis.call('xpending', KEYS[2], ARGV[5], entry, entry, 1) > 0 then
+      return {'owed', state}
+    end
+  end
+end
+redis.call('del', KEYS[1])
+local entry = redis.call('xadd', KEYS[2], '*', 'job_id', ARGV[1])
+redis.call('hset', KEYS[1], 'spec', ARGV[2], 'voice_id', ARGV[3], 'state', 'queued', 'progress', 0,
+           'message', 'waiting for a trainer', 'attempts', 0, 'created_at', ARGV[4], 'updated_at', ARGV[4],
+           'entry_id', entry)
+redis.call('zadd', KEYS[3], ARGV[4], ARGV[1])
+return {'queued', entry}
+"""
+# KEYS: job hash, lock. ARGV: now, terminal states... A queued job nobody holds is cancelled here;
+# a held one gets the request, which its trainer sees under the lock or on its next heartbeat.
+_CANCEL = """
+if redis.call('exists', KEYS[1]) == 0 then return 0 end
+local state = redis.call('hget', KEYS[1], 'state') or ''
+for i = 2, #ARGV do if state == ARGV[i] then return 1 end end
+redis.call('hset', KEYS[1], 'cancel_requested', 1, 'updated_at', ARGV[1])
+if (state == 'queued' or state == '') and redis.call('exists', KEYS[2]) == 0 then
+  redis.call('hset', KEYS[1], 'state', 'cancelled', 'message', 'cancelled before it started')
+end
+return 1
 """
 
 
@@ -103,7 +173,12 @@ class JobQueue:
         self.index = f"{prefix}:jobs"
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._fenced_hset = client.register_script(_FENCED_HSET)
+        self._fence_publish = client.register_script(_FENCE_PUBLISH)
+        self._submit = client.register_script(_SUBMIT)
+        self._cancel = client.register_script(_CANCEL)
         self._group_ready = False
+        self._claim_cursor = "0-0"  # where the next XAUTOCLAIM scan of the pending list starts
 
     @classmethod
     def connect(cls, url: str, prefix: str = "voicering:train") -> JobQueue:
@@ -123,18 +198,17 @@ class JobQueue:
     # -- producers and readers ------------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> JobStatus:
-        now = time.time()
+        """Queue a job (hash, index and stream entry in one script). An orphaned hash is replaced."""
         with _mapped("submitting a job"):
             self._ensure_group()
-            created = self.redis.hsetnx(self.job_key(spec.job_id), "spec", spec.model_dump_json())
-            if not created:
-                raise InfrastructureError(f"job {spec.job_id} already exists")
-            self.redis.hset(self.job_key(spec.job_id), mapping={
-                "voice_id": spec.voice_id, "state": "queued", "progress": 0, "message": "waiting for a trainer",
-                "attempts": 0, "created_at": now, "updated_at": now,
-            })
-            self.redis.zadd(self.index, {spec.job_id: now})
-            self.redis.xadd(self.stream, {"job_id": spec.job_id})
+            outcome, detail = self._submit(
+                keys=[self.job_key(spec.job_id), self.stream, self.index],
+                args=[spec.job_id, spec.model_dump_json(), spec.voice_id, time.time(), GROUP, *sorted(TERMINAL)])
+        if outcome == "ended":
+            raise JobExistsError(f"job {spec.job_id} already ended ({detail}): submit it with another job id")
+        if outcome == "owed":
+            raise JobExistsError(f"job {spec.job_id} is already queued or running ({detail}): "
+                                 f"wait for it, or cancel it with `voicering jobs --cancel {spec.job_id}`")
         return self.status(spec.job_id)
 
     def status(self, job_id: str) -> JobStatus | None:
@@ -152,23 +226,23 @@ class JobQueue:
             ids = self.redis.zrevrange(self.index, 0, limit - 1)
         return [s for s in (self.status(i) for i in ids) if s is not None]
 
-    def update(self, job_id: str, **fields: object) -> None:
+    def update(self, job_id: str, *, token: str | None = None, **fields: object) -> None:
+        """Write fields of a job's hash; with `token`, only while the job's lock holds it (else LeaseLost)."""
         values = {k: ("" if v is None else v) for k, v in fields.items()}
         values["updated_at"] = time.time()
         with _mapped("updating a job"):
-            self.redis.hset(self.job_key(job_id), mapping=values)
+            if token is None:
+                self.redis.hset(self.job_key(job_id), mapping=values)
+                return
+            pairs = [x for kv in values.items() for x in kv]
+            written = self._fenced_hset(keys=[self.job_key(job_id), self.lock_key(job_id)], args=[token, *pairs])
+        if not written:
+            raise LeaseLost(f"job {job_id}: lease lost; another trainer may own it now")
 
     def cancel(self, job_id: str) -> JobStatus | None:
         """Ask a job to stop: a queued job is cancelled at once, a running one at its next step."""
-        status = self.status(job_id)
-        if status is None or status.terminal:
-            return status
-        self.update(job_id, cancel_requested=1)
-        if status.state == "queued" and self.acquire(job_id, "canceller", 5_000):
-            try:
-                self.update(job_id, state="cancelled", message="cancelled before it started")
-            finally:
-                self.release(job_id, "canceller")
+        with _mapped("cancelling a job"):
+            self._cancel(keys=[self.job_key(job_id), self.lock_key(job_id)], args=[time.time(), *sorted(TERMINAL)])
         return self.status(job_id)
 
     # -- consumers ------------------------------------------------------------------------------
@@ -186,15 +260,35 @@ class JobQueue:
         self._group_ready = True
 
     def next(self, consumer: str, *, block_ms: int, claim_idle_ms: int) -> Delivery | None:
-        """An abandoned entry (idle past claim_idle_ms) if any, else a new one (waits up to block_ms)."""
+        """An abandoned entry (idle past claim_idle_ms) if any, else a new one (waits up to block_ms).
+
+        Each XAUTOCLAIM scans at most 10 pending entries from the saved cursor, so live jobs ahead
+        of an abandoned one delay it by a few calls, never forever; the cursor wraps at 0-0.
+        """
+        import redis
+
         with _mapped("reading the job stream"):
             self._ensure_group()
-            reply = self.redis.xautoclaim(self.stream, GROUP, consumer, claim_idle_ms, start_id="0-0", count=1)
-            for entry_id, fields in reply[1]:
-                if fields and fields.get("job_id"):
-                    return Delivery(entry_id, fields["job_id"], reclaimed=True)
-                self.redis.xack(self.stream, GROUP, entry_id)  # entry deleted from the stream
-            read = self.redis.xreadgroup(GROUP, consumer, {self.stream: ">"}, count=1, block=block_ms)
+            try:
+                return self._claim(consumer, claim_idle_ms) or self._read(consumer, block_ms)
+            except redis.ResponseError as err:
+                if "NOGROUP" not in str(err):
+                    raise
+                self._group_ready, self._claim_cursor = False, "0-0"  # Redis restarted empty
+                self._ensure_group()
+                return self._read(consumer, block_ms)
+
+    def _claim(self, consumer: str, claim_idle_ms: int) -> Delivery | None:
+        reply = self.redis.xautoclaim(self.stream, GROUP, consumer, claim_idle_ms, start_id=self._claim_cursor, count=1)
+        self._claim_cursor = reply[0]  # "0-0" once the scan reached the end: start over next time
+        for entry_id, fields in reply[1]:
+            if fields and fields.get("job_id"):
+                return Delivery(entry_id, fields["job_id"], reclaimed=True)
+            self.redis.xack(self.stream, GROUP, entry_id)  # entry deleted from the stream (Redis 6.2)
+        return None
+
+    def _read(self, consumer: str, block_ms: int) -> Delivery | None:
+        read = self.redis.xreadgroup(GROUP, consumer, {self.stream: ">"}, count=1, block=block_ms)
         for _, entries in read or []:
             for entry_id, fields in entries:
                 return Delivery(entry_id, fields.get("job_id", ""), reclaimed=False)
@@ -232,6 +326,54 @@ class JobQueue:
         with _mapped("reading a job lock"):
             return self.redis.get(self.lock_key(job_id))
 
+    def fence_publish(self, job_id: str, token: str, lease_ms: int) -> bool:
+        """True (lock extended, token recorded as the publisher) only while the lock holds `token`."""
+        with _mapped("fencing a publish"):
+            return bool(self._fence_publish(keys=[self.lock_key(job_id), self.job_key(job_id)],
+                                            args=[token, lease_ms, time.time()]))
+
+
+class Lease:
+    """This trainer's hold on one job's lock, with its own monotonic clock on the expiry.
+
+    Redis starts the PX countdown no earlier than a request is sent, so the lease is counted from
+    the send time of the last acquire, renewal or publish fence that succeeded: after `lease_ms`
+    without one, another trainer may hold the lock, whatever this trainer could not hear.
+    """
+
+    def __init__(self, queue: JobQueue, job_id: str, token: str, lease_ms: int) -> None:
+        self.queue, self.job_id, self.token, self.lease_ms = queue, job_id, token, lease_ms
+        self._valid_until = 0.0  # time.monotonic()
+
+    def acquire(self) -> bool:
+        return self._held_since(time.monotonic(), self.queue.acquire(self.job_id, self.token, self.lease_ms))
+
+    def renew(self) -> bool:
+        return self._held_since(time.monotonic(), self.queue.renew(self.job_id, self.token, self.lease_ms))
+
+    def release(self) -> None:
+        self._valid_until = 0.0
+        self.queue.release(self.job_id, self.token)
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() >= self._valid_until
+
+    def update(self, **fields: object) -> None:
+        """A fenced write to the job's hash (LeaseLost once another trainer holds the lock)."""
+        self.queue.update(self.job_id, token=self.token, **fields)
+
+    def fence_publish(self) -> None:
+        """Raise LeaseLost unless this trainer still holds the job; called right before publishing."""
+        sent = time.monotonic()
+        if self.expired or not self._held_since(sent, self.queue.fence_publish(self.job_id, self.token, self.lease_ms)):
+            raise LeaseLost(f"job {self.job_id}: lease lost before publishing; another trainer may own it now")
+
+    def _held_since(self, sent: float, held: bool) -> bool:
+        if held:
+            self._valid_until = sent + self.lease_ms / 1000.0
+        return held
+
 
 @contextmanager
 def _mapped(doing: str) -> Iterator[None]:
@@ -244,4 +386,4 @@ def _mapped(doing: str) -> Iterator[None]:
         raise InfrastructureError(f"Redis failed while {doing}: {error}") from None
 
 
-__all__ = ["GROUP", "Delivery", "JobQueue", "JobStatus"]
+__all__ = ["GROUP", "Delivery", "JobQueue", "JobStatus", "Lease"]

@@ -97,8 +97,12 @@ def run_job(
     sampler: pub.Sampler | None = None,
     console: bool = True,
     on_resume: Callable[[int], None] | None = None,
+    fence: Callable[[], None] | None = None,
 ) -> dict:
-    """Run (or resume) a job; returns the published voice's metadata. Raises TrainingError."""
+    """Run (or resume) a job; returns the published voice's metadata. Raises TrainingError.
+
+    `fence` is called right before the voice is published (the queue's lease check: LeaseLost).
+    """
     stop = stop or Stop()
     vid = spec.voice_id
     store = settings.adapter_store
@@ -181,7 +185,8 @@ def run_job(
         reporter.state("publishing", f"publishing voice '{vid}'")
         metadata["sample"] = sample.to_dict() if sample else None
         pub.add_metadata(staged, {"sample": metadata["sample"]})
-        path = pub.publish(staged, store, vid, max_rank=settings.max_lora_rank, base_model=settings.base_model)
+        path = pub.publish(staged, store, vid, max_rank=settings.max_lora_rank, base_model=settings.base_model,
+                           fence=fence)
     except BaseException:
         pub.discard(staged)
         raise
@@ -198,7 +203,8 @@ def _sample(staged_voice: str, settings: TrainSettings, sampler: pub.Sampler | N
             elif settings.validate_local_worker:
                 local = stack.enter_context(pub.LocalWorker(
                     settings.base_model, settings.codec, settings.adapter_store, max_lora_rank=settings.max_lora_rank,
-                    log=job_dir / "validation-worker.log"))
+                    log=job_dir / "validation-worker.log",
+                    gpu_memory_utilization=settings.validate_gpu_memory_utilization))
                 sampler = pub.WorkerSampler(local.url)
             else:
                 raise ConfigError("no validation worker: set validate_worker_url, validate_local_worker, "

@@ -3,9 +3,9 @@
 Order of events for voice ``tenant/name``:
 
 1. **stage**: the adapter (safetensors, adapter_config.json, voicering.json) is written to a
-   temporary directory and renamed to ``<store>/voicering-staging/<job id>``: a reserved tenant
-   name that no job may use, under which a worker can already resolve the adapter (a voice id the
-   worker accepts, unlisted anywhere a creator looks; ids are random job ids).
+   temporary directory and renamed to ``<store>/voicering-staging/<job id>.attempt-<random>``:
+   a reserved tenant name that no job may use, under which a worker can already resolve the
+   adapter (a voice id the worker accepts, unlisted anywhere a creator looks).
 2. **validate**: `gpu_worker.adapters.validate_adapter` (the worker's own checks: rank, targets,
    no modules_to_save/DoRA/bias, safetensors only, base model match), then a short sample generated
    by a real worker through the real engine for the staged id; its head silence is measured with
@@ -13,6 +13,7 @@ Order of events for voice ``tenant/name``:
 3. **publish**: the sample figures are added to voicering.json and
    `gpu_worker.adapters.publish_adapter` makes the voice ``<store>/tenant/name`` visible in one
    ``rename(2)`` (validated again, never over an existing voice); the staged copy is removed.
+   A queued job's trainer passes a `fence` that checks its lease token in Redis just before.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
@@ -38,6 +41,7 @@ from silence_trim.detect import measure
 STAGING_TENANT = "voicering-staging"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 METADATA_FILE = "voicering.json"  # read by the workers (gpu_worker.adapters.METADATA)
+WORKER_GPU_MEMORY_ENV = "VOICERING_WORKER_GPU_MEMORY_UTILIZATION"  # gpu_worker.settings, env prefix VOICERING_WORKER_
 
 
 def voice_id(tenant: str | None, name: str) -> str:
@@ -115,12 +119,17 @@ class WorkerSampler:
 
 
 class LocalWorker:
-    """A `voicering worker` subprocess serving the store, for a trainer with no worker URL."""
+    """A `voicering worker` subprocess serving the store, for a trainer with no worker URL.
+
+    `gpu_memory_utilization` reaches the worker's engine as VOICERING_WORKER_GPU_MEMORY_UTILIZATION:
+    on a GPU the trainer's process still holds its CUDA context beside the worker.
+    """
 
     def __init__(self, model: str, codec: str, store: Path, *, max_lora_rank: int, log: Path,
-                 start_timeout_s: float = 600.0) -> None:
+                 gpu_memory_utilization: float, start_timeout_s: float = 600.0) -> None:
         self._args = ["--model", model, "--codec", codec, "--voices-dir", str(store), "--max-loras", "1",
                       "--max-lora-rank", str(max_lora_rank)]
+        self.env = {WORKER_GPU_MEMORY_ENV: str(gpu_memory_utilization)}
         self._log = log
         self._timeout = start_timeout_s
         self._worker: WorkerProcess | None = None
@@ -128,7 +137,7 @@ class LocalWorker:
 
     def __enter__(self) -> LocalWorker:
         try:
-            self._worker = spawn_worker(self._args, self._log, timeout_s=self._timeout)
+            self._worker = spawn_worker(self._args, self._log, env=self.env, timeout_s=self._timeout)
         except WorkerStartError as exc:
             raise InfrastructureError(f"local validation worker did not start (log: {self._log}): {exc}") from None
         self.url = self._worker.url
@@ -138,24 +147,36 @@ class LocalWorker:
         if self._worker is not None:
             self._worker.stop()
 
+    @property
+    def process(self) -> WorkerProcess | None:
+        """The running worker (None outside the `with` block)."""
+        return self._worker
+
 
 def stage(adapter_dir: Path, store: Path, job_id: str, metadata: dict) -> Path:
-    """Copy the adapter into ``<store>/voicering-staging/<job id>`` (renamed into place whole)."""
+    """Copy the adapter into ``<store>/voicering-staging/<job id>.attempt-<random>`` (renamed into place whole).
+
+    Each attempt stages under its own name, so a trainer that lost its lease and discards its copy
+    never deletes the copy of the trainer that took the job over; copies left by earlier attempts
+    of the job (which no longer hold its lease) are removed.
+    """
     for name in ADAPTER_FILES:
         if not (adapter_dir / name).is_file():
             raise ValidationError(f"trained adapter lacks {name}")
     staging = store / STAGING_TENANT
     staging.mkdir(parents=True, exist_ok=True)
-    target = staging / job_id
-    tmp = staging / f".{job_id}.{uuid.uuid4().hex[:8]}"
+    attempt = re.compile(re.escape(job_id) + r"(\.attempt-[0-9a-f]{8})?")
+    for earlier in staging.iterdir():
+        if attempt.fullmatch(earlier.name):
+            shutil.rmtree(earlier, ignore_errors=True)
+    target = staging / f"{job_id}.attempt-{uuid.uuid4().hex[:8]}"
+    tmp = staging / f".{target.name}"
     tmp.mkdir()
     try:
         for name in ADAPTER_FILES:
             shutil.copy2(adapter_dir / name, tmp / name)
         _write_json(tmp / METADATA_FILE, metadata)
         _fsync_dir(tmp)
-        if target.exists():
-            shutil.rmtree(target)
         os.rename(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -178,11 +199,18 @@ def add_metadata(staged: Path, extra: dict) -> None:
     _write_json(staged / METADATA_FILE, meta)
 
 
-def publish(staged: Path, store: Path, vid: str, *, max_rank: int, base_model: str | None = None) -> Path:
-    """Make the staged adapter voice ``vid`` (the serving stack's atomic publish), then drop the staged copy."""
+def publish(staged: Path, store: Path, vid: str, *, max_rank: int, base_model: str | None = None,
+            fence: Callable[[], None] | None = None) -> Path:
+    """Make the staged adapter voice ``vid`` (the serving stack's atomic publish), then drop the staged copy.
+
+    `fence` runs last before the publish and raises (LeaseLost) when this trainer no longer owns
+    the job, so a trainer that lost its lease never publishes beside the one that took over.
+    """
     from gpu_worker.adapters import publish_adapter
 
     check_free(store, vid)
+    if fence is not None:
+        fence()
     try:
         publish_adapter(staged, store, vid, max_rank=max_rank, base_model=base_model)
     except FileExistsError:

@@ -61,7 +61,7 @@ class TrainParams(BaseModel):
     max_steps: int = -1  # > 0 overrides epochs
     learning_rate: float = 2e-4
     lr_scheduler: str = "cosine"
-    warmup_ratio: float = 0.05
+    warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0)  # share of the optimizer steps spent warming up
     weight_decay: float = 0.0
     batch_size: int = 2
     grad_accum: int = 2
@@ -94,6 +94,8 @@ class TrainSettings(BaseSettings):
     validate_sample: bool = True  # False: adapter checks only (no sample, metadata says so)
     sample_text: str = "Hello! This is my new voice, and I am happy to meet you."
     sample_max_tokens: int = 7 * 36 + 1  # ~3 s of audio
+    # share of GPU memory the local validation worker's vLLM engine may take (the trainer frees its own first)
+    validate_gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
     # queue
     redis_url: str = "redis://127.0.0.1:6379/0"
     queue_prefix: str = "voicering:train"
@@ -102,6 +104,7 @@ class TrainSettings(BaseSettings):
     claim_idle_ms: int = 60_000  # a job not touched this long is re-claimed by another trainer
     block_ms: int = 2_000
     max_attempts: int = 3
+    retry_max_s: float = 30.0  # longest wait between retries while Redis is unreachable (backoff doubles to it)
     # defaults for new jobs
     data: DataParams = DataParams()
     params: TrainParams = TrainParams()

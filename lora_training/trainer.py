@@ -1,6 +1,6 @@
 """LoRA training of a voice with peft and the transformers `Trainer`.
 
-The adapter targets the attention and MLP projections (`gpu_worker.stand_in.LORA_TARGET_MODULES`,
+The adapter targets the attention and MLP projections (`gpu_worker.adapters.LORA_TARGET_MODULES`,
 the set vLLM serves) with rsLoRA scaling; it is never merged and never has `modules_to_save`
 (vLLM refuses both). bf16 on CUDA, fp32 on CPU; the seed fixes initialisation, data order and
 the held-out split. Checkpoints (adapter, optimiser, scheduler, RNG state) are written every
@@ -9,10 +9,16 @@ newest one. The finished adapter is written to `<run>/adapter/` (renamed into pl
 `train-result.json`, so a job that crashes after training does not train again.
 
 Progress: a console bar (tqdm: step, ETA, loss) and an `on_step(step, total, loss)` callback.
+
+Needs transformers >= 5.0: `warmup_steps` below 1 is a ratio of the steps only from 5.0 (older
+versions would warm up for 0.05 steps, i.e. not at all, and 5.2 removed `warmup_ratio`), and
+`from_pretrained(dtype=...)` needs 4.56. Before a validation worker starts on the same GPU, the
+model and Trainer are dropped and the CUDA cache emptied (`train_lora` holds nothing on return).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -22,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gpu_worker.adapters import LORA_TARGET_MODULES
 from gpu_worker.orpheus import PAD
-from gpu_worker.stand_in import LORA_TARGET_MODULES
 from lora_training.dataset import IGNORE, Example
 from lora_training.errors import ConfigError
 from lora_training.settings import TrainParams
@@ -31,6 +37,7 @@ from lora_training.stop import Stop
 
 OnStep = Callable[[int, int, float | None], None]
 RESULT = "train-result.json"
+MIN_TRANSFORMERS = "5.0"  # warmup_steps as a ratio (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -156,58 +163,37 @@ def train_lora(
         raise ConfigError("no training clips")
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, PrinterCallback, Trainer, TrainingArguments, set_seed
+    from transformers import AutoModelForCausalLM, PrinterCallback, Trainer, set_seed
 
-    set_seed(params.seed)
     cuda = device == "cuda"
-    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.bfloat16 if cuda else torch.float32)
-    model.config.use_cache = False
-    lora = LoraConfig(r=params.rank, lora_alpha=params.alpha, use_rslora=params.rslora, lora_dropout=params.dropout,
-                      target_modules=list(LORA_TARGET_MODULES), bias="none", task_type="CAUSAL_LM")
-    model = get_peft_model(model, lora)
-    if params.gradient_checkpointing:
-        model.enable_input_require_grads()
     checkpoints = run_dir / "checkpoints"
-    args = TrainingArguments(
-        output_dir=str(checkpoints),
-        num_train_epochs=params.epochs,
-        max_steps=params.max_steps,
-        per_device_train_batch_size=params.batch_size,
-        per_device_eval_batch_size=params.batch_size,
-        gradient_accumulation_steps=params.grad_accum,
-        learning_rate=params.learning_rate,
-        lr_scheduler_type=params.lr_scheduler,
-        warmup_steps=params.warmup_ratio,
-        weight_decay=params.weight_decay,
-        logging_steps=params.logging_steps,
-        logging_first_step=True,
-        save_strategy="steps",
-        save_steps=params.save_steps,
-        save_total_limit=params.keep_checkpoints,
-        eval_strategy="no",
-        seed=params.seed,
-        data_seed=params.seed,
-        bf16=cuda,
-        use_cpu=not cuda,
-        gradient_checkpointing=params.gradient_checkpointing,
-        report_to="none",
-        disable_tqdm=True,
-        remove_unused_columns=False,
-        dataloader_pin_memory=cuda,
-    )
-    trainer = Trainer(model=model, args=args, train_dataset=list(train), eval_dataset=list(evaluation) or None,
-                      data_collator=collate, callbacks=_callbacks(console, on_step, stop))
-    trainer.remove_callback(PrinterCallback)
-    resume = last_checkpoint(checkpoints)
-    started = time.perf_counter()
-    output = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    train_s = time.perf_counter() - started
-    if stop is not None:
-        stop.check()
-    eval_loss = float(trainer.evaluate()["eval_loss"]) if evaluation else None
-    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    adapter_dir = run_dir / "adapter"
-    _save_adapter(model, base_model, adapter_dir)
+    args = training_arguments(params, checkpoints, cuda=cuda)
+    set_seed(params.seed)
+    model = trainer = None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.bfloat16 if cuda else torch.float32)
+        model.config.use_cache = False
+        lora = LoraConfig(r=params.rank, lora_alpha=params.alpha, use_rslora=params.rslora, lora_dropout=params.dropout,
+                          target_modules=list(LORA_TARGET_MODULES), bias="none", task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
+        if params.gradient_checkpointing:
+            model.enable_input_require_grads()
+        trainer = Trainer(model=model, args=args, train_dataset=list(train), eval_dataset=list(evaluation) or None,
+                          data_collator=collate, callbacks=_callbacks(console, on_step, stop))
+        trainer.remove_callback(PrinterCallback)
+        resume = last_checkpoint(checkpoints)
+        started = time.perf_counter()
+        output = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        train_s = time.perf_counter() - started
+        if stop is not None:
+            stop.check()
+        eval_loss = float(trainer.evaluate()["eval_loss"]) if evaluation else None
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        adapter_dir = run_dir / "adapter"
+        _save_adapter(model, base_model, adapter_dir)
+    finally:
+        del model, trainer
+        release_memory(cuda)
     resumed_from = checkpoint_step(resume)
     result = TrainResult(
         adapter_dir=str(adapter_dir),
@@ -225,6 +211,54 @@ def train_lora(
     tmp.write_text(json.dumps(result.to_dict(), indent=1))
     os.replace(tmp, run_dir / RESULT)
     return result
+
+
+def training_arguments(params: TrainParams, checkpoints: Path, *, cuda: bool):
+    """The Trainer's arguments for a job (transformers >= MIN_TRANSFORMERS, else ConfigError)."""
+    import transformers
+    from packaging.version import Version
+    from transformers import TrainingArguments
+
+    if Version(transformers.__version__) < Version(MIN_TRANSFORMERS):
+        raise ConfigError(f"transformers {transformers.__version__} is too old for training: "
+                          f"install transformers>={MIN_TRANSFORMERS} (warm-up would silently be ~0 steps)")
+    return TrainingArguments(
+        output_dir=str(checkpoints),
+        num_train_epochs=params.epochs,
+        max_steps=params.max_steps,
+        per_device_train_batch_size=params.batch_size,
+        per_device_eval_batch_size=params.batch_size,
+        gradient_accumulation_steps=params.grad_accum,
+        learning_rate=params.learning_rate,
+        lr_scheduler_type=params.lr_scheduler,
+        warmup_steps=params.warmup_ratio,  # < 1: a ratio of the total optimizer steps (transformers >= 5)
+        weight_decay=params.weight_decay,
+        logging_steps=params.logging_steps,
+        logging_first_step=True,
+        save_strategy="steps",
+        save_steps=params.save_steps,
+        save_total_limit=params.keep_checkpoints,
+        eval_strategy="no",
+        seed=params.seed,
+        data_seed=params.seed,
+        bf16=cuda,
+        use_cpu=not cuda,
+        gradient_checkpointing=params.gradient_checkpointing,
+        report_to="none",
+        disable_tqdm=True,
+        remove_unused_columns=False,
+        dataloader_pin_memory=cuda,
+    )
+
+
+def release_memory(cuda: bool) -> None:
+    """Collect the dropped model's reference cycles and hand cached CUDA blocks back to the driver."""
+    gc.collect()
+    if cuda:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def _save_adapter(model, base_model: str, adapter_dir: Path) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from lora_training.consumer import Heartbeat, TrainWorker
 from lora_training.errors import JobStopped, LeaseLost
-from lora_training.jobs import JobQueue
+from lora_training.jobs import JobQueue, Lease
 from lora_training.pipeline import JobSpec
 from lora_training.stop import Stop
 
@@ -108,9 +108,10 @@ def test_a_failing_job_ends_failed_with_its_reason(queue, uploads, train_setting
 def test_heartbeat_renews_the_lease_and_turns_cancel_or_loss_into_a_stop(queue, uploads):
     job = queue.submit(_spec(uploads)).job_id
     delivery = queue.next("t", block_ms=100, claim_idle_ms=60_000)
-    assert queue.acquire(job, "tok", 300)
+    lease = Lease(queue, job, "tok", 300)
+    assert lease.acquire()
     stop = Stop()
-    with Heartbeat(queue, delivery, "t", "tok", 300, stop):
+    with Heartbeat(queue, lease, delivery, "t", stop):
         time.sleep(0.8)  # well past the lease: renewals kept it
         assert queue.holder(job) == "tok" and not stop.requested
         queue.cancel(job)
@@ -118,7 +119,7 @@ def test_heartbeat_renews_the_lease_and_turns_cancel_or_loss_into_a_stop(queue, 
     with pytest.raises(JobStopped):
         stop.check()
     lost = Stop()
-    with Heartbeat(queue, delivery, "t", "tok", 300, lost):
+    with Heartbeat(queue, lease, delivery, "t", lost):
         queue.release(job, "tok")
         queue.acquire(job, "somebody-else", 10_000)
         _wait(lambda: lost.requested)
