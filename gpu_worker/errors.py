@@ -3,13 +3,16 @@ replica (or a later try) may succeed.
 
     WorkerError
     ├── BadRequest        (bad_request, not retryable): malformed message, bad options
+    │   ├── BadMessage    (bad_request): a message that could not be parsed; carries what was read of it
     │   ├── EmptyText     (empty_text)
-    │   └── TextTooLong   (text_too_long)
+    │   ├── TextTooLong   (text_too_long): over the character limit, or a piece no engine request can hold
+    │   └── BacklogFull   (backlog_full): more text waiting to be spoken than a context/connection may queue
+    ├── IdleTimeout       (idle_timeout, not retryable): a context sent no text for too long
     ├── UnknownVoice      (unknown_voice, not retryable)
     ├── AdapterError      (bad_adapter, not retryable): the voice's adapter failed validation
-    ├── Busy              (busy, retryable): admission limit reached
+    ├── Busy              (busy, retryable): admission limit reached (worker or this connection)
     ├── SlowConsumer      (slow_consumer, not retryable): client stopped reading
-    └── EngineError       (engine_error, retryable): the engine failed mid-request
+    └── EngineError       (engine_error, retryable): the engine (or codec) failed mid-request
 """
 
 from __future__ import annotations
@@ -28,12 +31,30 @@ class BadRequest(WorkerError):
     code = "bad_request"
 
 
+class BadMessage(BadRequest):
+    """A client message refused while parsing; ``message_type``/``context_id`` are what could be read
+    of it (None when unreadable), so the server can tell a refused `start` from a refused follow-up."""
+
+    def __init__(self, message: str, *, message_type: str | None = None, context_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message_type = message_type
+        self.context_id = context_id
+
+
 class EmptyText(BadRequest):
     code = "empty_text"
 
 
 class TextTooLong(BadRequest):
     code = "text_too_long"
+
+
+class BacklogFull(BadRequest):
+    code = "backlog_full"
+
+
+class IdleTimeout(WorkerError):
+    code = "idle_timeout"
 
 
 class UnknownVoice(WorkerError):

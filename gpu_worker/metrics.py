@@ -46,6 +46,10 @@ class WorkerMetrics:
                                   ["outcome"], registry=r)
         self.rejected = Counter(f"{PREFIX}_rejected", "Streams refused or cut: busy (admission), slow_consumer",
                                 ["reason"], registry=r)
+        self.refused_messages = Counter(f"{PREFIX}_refused_messages", "Client messages refused without ending a context, by code",
+                                        ["code"], registry=r)
+        self.engine_requests = Counter(f"{PREFIX}_engine_requests", "Engine requests by how they ended: end_of_speech, "
+                                       "length (the token cap cut the audio short) or aborted", ["finish"], registry=r)
         self.active_streams = Gauge(f"{PREFIX}_active_streams", "Utterances in progress", registry=r)
         self.engine_queue_depth = Gauge(f"{PREFIX}_engine_queue_depth",
                                         "Engine requests submitted that have not produced a token yet", registry=r)
@@ -56,6 +60,8 @@ class WorkerMetrics:
                                        buckets=_LATENCY_BUCKETS, registry=r)
         self.adapter_loads = Counter(f"{PREFIX}_adapter_loads", "Adapters loaded into the engine (first use or after eviction)",
                                      registry=r)
+        self.adapter_reloads = Counter(f"{PREFIX}_adapter_reloads", "Adapters loaded again after the engine dropped them "
+                                       "behind the mirror's back (found by reconciling with the engine)", registry=r)
         self.adapter_evictions = Counter(f"{PREFIX}_adapter_evictions", "Adapters evicted from the engine's CPU cache",
                                          registry=r)
         self.adapter_load_seconds = Histogram(f"{PREFIX}_adapter_load_seconds", "Seconds to load one adapter into the engine",
@@ -72,8 +78,13 @@ class WorkerMetrics:
                 gauge.set_function(read)
 
     def observe_utterance(self, *, outcome: str, ttfb_s: float | None, rtf: float | None, tokens: int,
-                          invalid_tokens: int, audio_s: float, generation_s: float) -> None:
+                          invalid_tokens: int, audio_s: float, generation_s: float, requests: int = 0,
+                          cut_by_length: int = 0, spoke_to_end: int = 0) -> None:
         self.utterances.labels(outcome).inc()
+        for finish, count in (("end_of_speech", spoke_to_end), ("length", cut_by_length),
+                              ("aborted", requests - spoke_to_end - cut_by_length)):
+            if count:
+                self.engine_requests.labels(finish).inc(count)
         self.tokens.inc(tokens)
         self.invalid_tokens.inc(invalid_tokens)
         self.audio_seconds.inc(audio_s)

@@ -34,6 +34,18 @@ FRAME_SECONDS = SAMPLES_PER_FRAME / SAMPLE_RATE  # 85.33 ms
 TOKENS_PER_SECOND_REALTIME = FRAME_TOKENS / FRAME_SECONDS  # ~82 tokens/s
 
 PROMPT_SUFFIX = (END_OF_TEXT, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH)
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceSampling:
+    """The Orpheus reference sampling (FIELD-NOTES): every default in the worker reads these."""
+
+    temperature: float = 0.6
+    top_p: float = 0.8
+    repetition_penalty: float = 1.1  # >= 1.1 is required; higher speaks faster
+
+
+REFERENCE_SAMPLING = ReferenceSampling()
 TRAINING_SUFFIX = (END_OF_SPEECH, END_OF_AI)
 
 

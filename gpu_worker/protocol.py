@@ -12,7 +12,8 @@ import struct
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from gpu_worker.errors import BadRequest
+from gpu_worker.errors import BadMessage, BadRequest
+from hashring.records import MAX_VOICE_ID_BYTES  # the ring's bound; the store's grammar is checked when the voice resolves
 
 PROTOCOL_VERSION = 1
 AUDIO_KIND = 0x01
@@ -85,6 +86,8 @@ class UtteranceStats:
     wall_s: float = 0.0
     rtf: float | None = None  # wall seconds per audio second (< 1 is faster than real time)
     head_silence_dropped_ms: float = 0.0
+    engine_requests: int = 0  # a long segment is spoken as several engine requests, in order
+    finish_reason: Literal["end_of_speech", "length", ""] = ""  # "length": some request hit its token cap (audio cut)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +107,23 @@ class Error:
     type: Literal["error"] = "error"
 
 
-ServerMessage = Done | Error
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """One client message was refused and had no effect: no context ended because of it.
+
+    ``context_id``/``message_type`` name the refused message as far as it could be read (a context
+    it names, if live, carries on). Contrast `Error` with a ``context_id``: that context is over.
+    """
+
+    code: str
+    message: str
+    retryable: bool = False
+    context_id: str | None = None
+    message_type: str | None = None
+    type: Literal["rejected"] = "rejected"
+
+
+ServerMessage = Done | Error | Rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,34 +151,52 @@ class AudioChunk:
 
 
 _CLIENT_TYPES: dict[str, type] = {"start": Start, "text": PushText, "flush": Flush, "end": End, "cancel": Cancel}
-_SERVER_TYPES: dict[str, type] = {"done": Done, "error": Error}
+_SERVER_TYPES: dict[str, type] = {"done": Done, "error": Error, "rejected": Rejected}
 
 
 def encode(message: ClientMessage | ServerMessage) -> str:
     return json.dumps(asdict(message), separators=(",", ":"))
 
 
-def _context_id(value: Any) -> str:
-    if not isinstance(value, str) or not value or len(value.encode()) > MAX_CONTEXT_ID_BYTES:
-        raise BadRequest(f"context_id must be a non-empty string of at most {MAX_CONTEXT_ID_BYTES} bytes")
-    return value
+def _valid_unicode(value: str) -> bool:
+    """False for strings holding lone surrogates (JSON's "\\ud800" escapes decode to them)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _context_id(value: Any) -> str | None:
+    """The value as a context id, or None when it is not one."""
+    if isinstance(value, str) and value and _valid_unicode(value) and len(value.encode()) <= MAX_CONTEXT_ID_BYTES:
+        return value
+    return None
 
 
 def _build(cls: type, payload: dict[str, Any]) -> Any:
     names = {f.name for f in fields(cls)}
     unknown = set(payload) - names
+    what = "options" if cls is UtteranceOptions else f"'{payload.get('type')}'"
     if unknown:
-        raise BadRequest(f"unknown field(s) for '{payload.get('type')}': {', '.join(sorted(unknown))}")
+        listed = ", ".join(sorted(_shown(name) for name in unknown))
+        raise BadRequest(f"unknown field(s) for {what}: {listed[:200]}")
     try:
         return cls(**payload)
     except TypeError as exc:
-        raise BadRequest(f"malformed '{payload.get('type')}' message: {exc}") from None
+        raise BadRequest(f"malformed {what} message: {exc}") from None
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """A client's value in an error message, cut short: a hostile value is never echoed whole."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _validate_options(o: UtteranceOptions) -> UtteranceOptions:
     def number(name: str, value: Any, lo: float, hi: float) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi):
-            raise BadRequest(f"option '{name}' must be a number in [{lo}, {hi}], got {value!r}")
+            raise BadRequest(f"option '{name}' must be a number in [{lo}, {hi}], got {_shown(value)}")
 
     number("temperature", o.temperature, 0.0, 2.0)
     number("top_p", o.top_p, 0.01, 1.0)
@@ -170,42 +207,67 @@ def _validate_options(o: UtteranceOptions) -> UtteranceOptions:
     if o.seed is not None and (isinstance(o.seed, bool) or not isinstance(o.seed, int) or not 0 <= o.seed < 2**32):
         raise BadRequest("option 'seed' must be an integer in [0, 2**32)")
     if o.constraint not in (None, "fused", "mask", "off"):
-        raise BadRequest(f"option 'constraint' must be fused, mask or off, got {o.constraint!r}")
+        raise BadRequest(f"option 'constraint' must be fused, mask or off, got {_shown(o.constraint)}")
     if o.trim_silence is not None and not isinstance(o.trim_silence, bool):
         raise BadRequest("option 'trim_silence' must be true or false")
     return o
 
 
 def parse_client(raw: str | bytes) -> ClientMessage:
-    """Validate one client message; raises BadRequest with a message the client can act on."""
+    """Validate one client message. Never raises anything but `BadMessage`, whatever the input (deep
+    nesting, huge integers, lone surrogates, wrong types): one bad message must not cost the
+    connection. The error carries the message's type and context id when they could be read."""
     if isinstance(raw, bytes):
-        raise BadRequest("binary messages are not accepted from clients; send JSON text")
+        raise BadMessage("binary messages are not accepted from clients; send JSON text")
     try:
         payload = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise BadRequest(f"message is not valid JSON: {exc.msg}") from None
+        raise BadMessage(f"message is not valid JSON: {exc.msg}") from None
+    except (ValueError, RecursionError) as exc:  # int-string limit, nesting too deep
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else "holds a number too large to read"
+        raise BadMessage(f"message is not acceptable JSON: it {reason}") from None
     if not isinstance(payload, dict):
-        raise BadRequest("message must be a JSON object")
+        raise BadMessage("message must be a JSON object")
     kind = payload.get("type")
-    cls = _CLIENT_TYPES.get(kind)
-    if cls is None:
-        raise BadRequest(f"unknown message type {kind!r}; expected one of {', '.join(_CLIENT_TYPES)}")
-    payload["context_id"] = _context_id(payload.get("context_id"))
+    kind = kind if isinstance(kind, str) and kind in _CLIENT_TYPES else None
+    context_id = _context_id(payload.get("context_id"))
+    try:
+        return _parse_payload(payload, kind, context_id)
+    except BadRequest as exc:
+        raise BadMessage(exc.message, message_type=kind, context_id=context_id) from None
+
+
+def _parse_payload(payload: dict[str, Any], kind: str | None, context_id: str | None) -> ClientMessage:
+    if kind is None:
+        shown = payload.get("type")
+        shown = _shown(shown) if isinstance(shown, str | int | float | bool | None) else f"of JSON type {type(shown).__name__}"
+        raise BadRequest(f"unknown message type {shown}; expected one of {', '.join(_CLIENT_TYPES)}")
+    if context_id is None:
+        raise BadRequest(f"context_id must be a non-empty string of at most {MAX_CONTEXT_ID_BYTES} UTF-8 bytes")
+    cls = _CLIENT_TYPES[kind]
+    payload["context_id"] = context_id
     if cls is Start:
-        if not isinstance(payload.get("voice"), str) or not payload["voice"]:
+        voice = payload.get("voice")
+        if not isinstance(voice, str) or not voice:
             raise BadRequest("start needs a non-empty 'voice'")
+        if not _valid_unicode(voice) or len(voice.encode()) > MAX_VOICE_ID_BYTES:
+            raise BadRequest(f"'voice' must be valid Unicode of at most {MAX_VOICE_ID_BYTES} bytes")
         options = payload.get("options") or {}
         if not isinstance(options, dict):
             raise BadRequest("'options' must be an object")
         payload["options"] = _validate_options(_build(UtteranceOptions, options))
-    if "text" in payload and not isinstance(payload["text"], str):
-        raise BadRequest("'text' must be a string")
+    if "text" in payload:
+        text = payload["text"]
+        if not isinstance(text, str):
+            raise BadRequest("'text' must be a string")
+        if not _valid_unicode(text):
+            raise BadRequest("'text' is not valid Unicode (it holds a lone surrogate); send UTF-8 text")
     return _build(cls, payload)
 
 
 def parse_server(raw: str) -> ServerMessage:
     payload = json.loads(raw)
-    cls = _SERVER_TYPES[payload["type"]]
+    cls = _SERVER_TYPES[payload["type"]]  # a worker speaks this protocol: a KeyError here is a bug, not input
     if cls is Done:
         payload["stats"] = UtteranceStats(**payload["stats"])
     return cls(**payload)

@@ -13,6 +13,10 @@ path awaits; two policies sit behind it:
   final window per utterance), so groups fill well once several streams are live.
 
 `make_decode_runner` picks the policy by device ("auto": batched on CUDA, sequential on CPU).
+
+Every awaiting stream gets its audio or an error, whatever happens to the runner: a batcher task
+that dies fails the windows it held (and the next window starts a new one), and `aclose` fails
+whatever is queued or being decoded with a retryable `EngineError` instead of leaving it hanging.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from gpu_worker.codec import LATENT_PER_FRAME, ChunkSchedule, SnacCodec, Window, decode_window
+from gpu_worker.errors import EngineError
 from gpu_worker.orpheus import SAMPLES_PER_FRAME, Frame
 
 if TYPE_CHECKING:
@@ -37,6 +42,8 @@ log = logging.getLogger(__name__)
 
 CodecPolicy = Literal["auto", "batched", "sequential"]
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+TICK_S = 0.015  # longest a window waits for others to batch with
+MAX_BATCH = 64  # windows per codec call
 
 
 def _snapshot(frames: Sequence[Frame], window: Window) -> tuple[list[Frame], Window]:
@@ -55,13 +62,21 @@ class DecodeRunner:
         self._metrics = metrics
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="codec")
         self.pending = 0
+        self._closed = False
 
     async def decode(self, frames: Sequence[Frame], window: Window, noise_offset: int) -> np.ndarray:
+        if self._closed:
+            raise _stopped()
         loop = asyncio.get_running_loop()
         snapshot, shifted = _snapshot(frames, window)
         self.pending += 1
         try:
             return await loop.run_in_executor(self._executor, self._decode_one, snapshot, shifted, noise_offset + window.start)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._closed and not (task is not None and task.cancelling()):
+                raise _stopped() from None  # our executor dropped the window at aclose, nobody cancelled us
+            raise
         finally:
             self.pending -= 1
 
@@ -74,7 +89,12 @@ class DecodeRunner:
         return audio
 
     async def aclose(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._closed = True
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+
+
+def _stopped() -> EngineError:
+    return EngineError("the codec is shutting down; retry on another worker")
 
 
 @dataclass(slots=True)
@@ -105,7 +125,7 @@ class BatchedDecodeRunner:
 
     policy = "batched"
 
-    def __init__(self, codec: SnacCodec, *, tick_s: float = 0.015, max_batch: int = 64,
+    def __init__(self, codec: SnacCodec, *, tick_s: float = TICK_S, max_batch: int = MAX_BATCH,
                  buckets: Sequence[int] = BATCH_BUCKETS, metrics: WorkerMetrics | None = None) -> None:
         self.codec = codec
         self.tick_s = tick_s
@@ -113,19 +133,24 @@ class BatchedDecodeRunner:
         self.buckets = tuple(b for b in buckets if b <= max_batch) or (max_batch,)
         self._metrics = metrics
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="codec")
-        self._jobs: list[_Job] = []
+        self._jobs: list[_Job] = []  # queued for the next tick
+        self._inflight: list[_Job] = []  # taken by the batcher, not yet answered
         self._first_at = 0.0
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
+        self._closed = False
         self._stream = None  # a CUDA stream of its own, so decodes overlap the engine's kernels
 
     @property
     def pending(self) -> int:
-        return len(self._jobs)
+        return len(self._jobs) + len(self._inflight)
 
     async def decode(self, frames: Sequence[Frame], window: Window, noise_offset: int) -> np.ndarray:
-        if self._loop_task is None:
+        if self._closed:
+            raise _stopped()
+        if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._run(), name="codec-batcher")
+            self._loop_task.add_done_callback(self._batcher_ended)
         snapshot, shifted = _snapshot(frames, window)
         future = asyncio.get_running_loop().create_future()
         if not self._jobs:
@@ -133,6 +158,23 @@ class BatchedDecodeRunner:
         self._jobs.append(_Job(snapshot, shifted, (noise_offset + window.start) * LATENT_PER_FRAME, future))
         self._wake.set()
         return await future
+
+    def _batcher_ended(self, task: asyncio.Task) -> None:
+        """Whatever ended the batcher (a bug, aclose), no waiter is left hanging."""
+        if task.cancelled() or self._closed:
+            error = _stopped()
+        else:
+            exc = task.exception()
+            log.error("codec batcher died; failing its windows (the next window restarts it)", exc_info=exc)
+            error = EngineError(f"codec batcher failed: {type(exc).__name__}")
+        self._fail(self._inflight + self._jobs, error)
+        self._inflight, self._jobs = [], []
+
+    @staticmethod
+    def _fail(jobs: list[_Job], error: Exception) -> None:
+        for job in jobs:
+            if job.future is not None and not job.future.done():
+                job.future.set_exception(error)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -142,17 +184,15 @@ class BatchedDecodeRunner:
             wait = self._first_at + self.tick_s - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
-            jobs = [job for job in self._jobs if not job.future.cancelled()]
+            self._inflight = [job for job in self._jobs if not job.future.done()]
             self._jobs = []
-            for group in self._groups(jobs):
+            for group in self._groups(self._inflight):
                 padded = bucket_size(len(group), self.buckets)
                 started = time.perf_counter()
                 try:
                     results = await loop.run_in_executor(self._executor, self._decode, group, padded)
                 except Exception as exc:  # a codec failure fails these windows, not the batcher
-                    for job in group:
-                        if not job.future.done():
-                            job.future.set_exception(exc)
+                    self._fail(group, EngineError(f"codec failed: {exc}"))
                     continue
                 if self._metrics is not None:
                     self._metrics.codec_batch_size.observe(len(group))
@@ -160,6 +200,7 @@ class BatchedDecodeRunner:
                 for job, audio in zip(group, results, strict=True):
                     if not job.future.done():
                         job.future.set_result(audio)
+            self._inflight = []
 
     def _groups(self, jobs: list[_Job]) -> list[list[_Job]]:
         by_length: dict[int, list[_Job]] = {}
@@ -197,13 +238,13 @@ class BatchedDecodeRunner:
         return seconds
 
     async def aclose(self) -> None:
-        if self._loop_task is not None:
+        self._closed = True
+        if self._loop_task is not None and not self._loop_task.done():
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
-        for job in self._jobs:
-            if not job.future.done():
-                job.future.cancel()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._fail(self._inflight + self._jobs, _stopped())
+        self._inflight, self._jobs = [], []
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
 
 
 def planner_window_lengths(schedule: ChunkSchedule | None = None, horizon: int = 64) -> list[int]:
@@ -224,7 +265,7 @@ def resolve_policy(policy: CodecPolicy, device: str) -> Literal["batched", "sequ
     return policy
 
 
-def make_decode_runner(codec: SnacCodec, policy: CodecPolicy = "auto", *, tick_s: float = 0.015, max_batch: int = 64,
+def make_decode_runner(codec: SnacCodec, policy: CodecPolicy = "auto", *, tick_s: float = TICK_S, max_batch: int = MAX_BATCH,
                        compile_decoder: bool | None = None, metrics: WorkerMetrics | None = None) -> DecodeRunner | BatchedDecodeRunner:
     """The runner for this device: batched (+ compile warm-up) on CUDA, sequential on CPU, unless overridden."""
     chosen = resolve_policy(policy, codec.device)

@@ -1,21 +1,27 @@
 """The worker's websocket server: one connection, many utterances, audio back as tagged binary frames.
 
 Each connection runs three named tasks under its handler: a reader (client messages -> utterances),
-a writer draining a bounded outbox, and one task per utterance. Back-pressure:
+a writer draining a bounded outbox, and one task per utterance. Every message gets an answer and
+no message, however malformed, costs the connection or its other contexts:
 
-- **admission**: past ``max_streams`` concurrent utterances a `start` gets a retryable ``busy``
-  error at once; nothing is queued silently.
-- **slow consumers**: an utterance that cannot queue its audio for ``slow_consumer_s`` (the outbox
-  is full because the client stopped reading) cuts the whole connection: its utterances are
-  cancelled (aborting their engine requests), the socket is closed with 1008 "slow consumer" (or
-  aborted if even that cannot be written), and no other connection waits on it. The outbox fills
-  only once the kernel's socket buffers are full: ``socket_send_buffer`` bounds the sender's side
-  (autotuned up to tcp_wmem max, ~4 MB, otherwise); the websocket keepalive (20 s + 20 s) is the
-  backstop for a client that stops answering altogether.
+- a refused message is answered `rejected` (nothing else changed; a context it names carries on);
+- an `error` with a context id means that context is over (its task cancelled, its slot freed):
+  a refused `start`, a context-ending limit (`text_too_long`, `backlog_full`, `empty_text`), a
+  voice or engine failure, an idle context.
 
-When the client goes away, every utterance task is cancelled, which aborts its engine request.
-HTTP on the same port: ``GET /health`` (liveness and load), ``GET /metrics`` (Prometheus text),
-``GET /prewarm?voice=a&voice=b`` (load voices ahead of traffic; JSON report per voice).
+Back-pressure:
+
+- **admission**: past ``max_streams`` concurrent utterances on the worker, or the connection's
+  share of them (``max_streams_per_connection``), a `start` gets a retryable ``busy`` at once.
+- **slow consumers**: a message that cannot be queued, or written to the socket, within
+  ``slow_consumer_s`` (the client stopped reading and the kernel's buffers are full) cuts the whole
+  connection: its utterances are cancelled (aborting their engine requests), the socket is closed
+  with 1008 "slow consumer" (or aborted if even that cannot be written), a log line and the
+  ``slow_consumer`` metric record it, and no other connection waits on it.
+
+HTTP on the same port: ``GET /health`` (liveness and load counts; cheap, no store walk),
+``GET /metrics`` (Prometheus text), ``GET /prewarm?voice=a&voice=b`` (starts loading voices in the
+background, 202 with an operation id) and ``GET /prewarm/<id>`` (its per-voice status).
 """
 
 from __future__ import annotations
@@ -33,16 +39,19 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from gpu_worker.adapters import AdapterStore
-from gpu_worker.errors import BadRequest, Busy, SlowConsumer, WorkerError
-from gpu_worker.protocol import AudioChunk, Cancel, Done, End, Error, Flush, PushText, Start, UtteranceStats, encode, parse_client
-from gpu_worker.session import SessionDeps, Utterance
+from gpu_worker.errors import BacklogFull, BadMessage, BadRequest, Busy, EmptyText, SlowConsumer, TextTooLong, WorkerError
+from gpu_worker.prewarm import PrewarmBusy, Prewarms
+from gpu_worker.protocol import (MAX_VOICE_ID_BYTES, AudioChunk, Cancel, ClientMessage, Done, End, Error, Flush, PushText, Rejected, Start,
+                                 UtteranceStats, encode, parse_client)
+from gpu_worker.session import Backlog, SessionDeps, Utterance
 from gpu_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
 SLOW_CONSUMER_CLOSE = 1008
+INTERNAL_ERROR_CLOSE = 1011
 MAX_PREWARM = 256
+_ENDS_CONTEXT = (TextTooLong, BacklogFull, EmptyText)  # limits that end the context they were hit on
 
 
 @dataclass(slots=True)
@@ -52,9 +61,18 @@ class _Connection:
     ws: ServerConnection
     outbox: asyncio.Queue
     slow_consumer_s: float
+    backlog: Backlog
     contexts: dict[str, tuple[Utterance, asyncio.Task]] = field(default_factory=dict)
     stalled: bool = False
     cut: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def live(self, context_id: str | None) -> tuple[Utterance, asyncio.Task] | None:
+        """The context if it is still running (a finished task's entry is about to be removed)."""
+        entry = self.contexts.get(context_id) if context_id is not None else None
+        return entry if entry is not None and not entry[1].done() else None
+
+    def live_count(self) -> int:
+        return sum(not task.done() for _, task in self.contexts.values())
 
     async def send(self, message: object) -> None:
         """Queue a message for the writer; a client that stops reading is cut, not waited on forever."""
@@ -63,71 +81,110 @@ class _Connection:
         try:
             await asyncio.wait_for(self.outbox.put(message), timeout=self.slow_consumer_s)
         except TimeoutError:
-            self.stalled = True
-            self.cut.set()
+            self.stall()
             raise SlowConsumer(f"client stopped reading for {self.slow_consumer_s:.1f} s; stream cut") from None
+
+    def stall(self) -> None:
+        self.stalled = True
+        self.cut.set()
 
 
 class WorkerServer:
-    def __init__(self, settings: WorkerSettings, deps: SessionDeps, store: AdapterStore) -> None:
+    def __init__(self, settings: WorkerSettings, deps: SessionDeps) -> None:
         self.settings = settings
         self.deps = deps
-        self.store = store
         self.active = 0
+        self.prewarms = Prewarms(deps.adapters.prewarm) if deps.adapters is not None else None
         if deps.metrics is not None:
             deps.metrics.bind(active_streams=lambda: self.active)
 
     def health(self) -> dict:
-        llm = getattr(self.deps.engine, "_llm", None)
-        processor = getattr(llm, "output_processor", None)
-        engine_requests = processor.get_num_unfinished_requests() if processor is not None else None
+        """Liveness and load as counts: cheap enough for every probe, and no voice ids to anyone."""
+        engine_requests = self.deps.engine.unfinished_requests()
         adapters = self.deps.adapters
         return {"status": "ok", "worker_id": self.settings.worker_id, "active_streams": self.active,
                 "max_streams": self.settings.max_streams, "engine_requests": engine_requests,
                 "engine_waiting": getattr(self.deps.engine, "waiting", None),
                 "codec_policy": getattr(self.deps.runner, "policy", None),
-                "adapters_resident": adapters.resident if adapters is not None else [],
-                "voices": self.store.voices()}
+                "adapters_resident": len(adapters.resident) if adapters is not None else 0}
 
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         url = urlsplit(request.path)
         if url.path == "/health":
-            return _response(HTTPStatus.OK, json.dumps(self.health()).encode(), "application/json")
+            return _json(HTTPStatus.OK, self.health())
         if url.path == "/metrics":
             if self.deps.metrics is None:
                 return _response(HTTPStatus.NOT_FOUND, b"metrics are off on this worker\n", "text/plain")
             return _response(HTTPStatus.OK, self.deps.metrics.render(), self.deps.metrics.content_type)
-        if url.path == "/prewarm":
-            voices = parse_qs(url.query).get("voice", [])
-            if not voices or len(voices) > MAX_PREWARM or self.deps.adapters is None:
-                body = {"error": f"give 1..{MAX_PREWARM} voices as /prewarm?voice=a&voice=b"}
-                return _response(HTTPStatus.BAD_REQUEST, json.dumps(body).encode(), "application/json")
-            report = await self.deps.adapters.prewarm(voices)
-            return _response(HTTPStatus.OK, json.dumps(report).encode(), "application/json")
+        if url.path == "/prewarm" or url.path.startswith("/prewarm/"):
+            return self._prewarm(url.path, parse_qs(url.query).get("voice", []))
         return None
+
+    def _prewarm(self, path: str, voices: list[str]) -> Response:
+        if self.prewarms is None:
+            return _json(HTTPStatus.NOT_FOUND, {"error": "this worker has no adapter cache to prewarm"})
+        if path != "/prewarm":
+            op = self.prewarms.get(path.removeprefix("/prewarm/"))
+            if op is None:
+                return _json(HTTPStatus.NOT_FOUND, {"error": "no such prewarm operation (finished ones are kept a while)"})
+            return _json(HTTPStatus.OK, op.report())
+        if not voices or len(voices) > MAX_PREWARM or any(len(v.encode(errors='replace')) > MAX_VOICE_ID_BYTES for v in voices):
+            return _json(HTTPStatus.BAD_REQUEST, {"error": f"give 1..{MAX_PREWARM} voices as /prewarm?voice=a&voice=b"})
+        try:
+            op = self.prewarms.start(voices)
+        except PrewarmBusy as exc:
+            return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)}, retry_after=1)
+        return _json(HTTPStatus.ACCEPTED, {**op.report(), "status_url": f"/prewarm/{op.id}"})
 
     async def serve(self) -> Server:
         return await serve(self.handle, self.settings.host, self.settings.port, process_request=self._process_request,
                            max_size=1 << 20, ping_interval=20, ping_timeout=20, close_timeout=self.settings.close_timeout_s)
+
+    async def aclose(self) -> None:
+        if self.prewarms is not None:
+            await self.prewarms.aclose()
 
     async def handle(self, ws: ServerConnection) -> None:
         if self.settings.socket_send_buffer is not None:
             sock = ws.transport.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.settings.socket_send_buffer)
-        conn = _Connection(ws, asyncio.Queue(maxsize=self.settings.send_queue), self.settings.slow_consumer_s)
+        conn = _Connection(ws, asyncio.Queue(maxsize=self.settings.send_queue), self.settings.slow_consumer_s,
+                           Backlog(self.settings.max_connection_backlog_chars))
         writer = asyncio.create_task(self._write(conn), name="writer")
         reader = asyncio.create_task(self._read(conn), name="reader")
         cut = asyncio.create_task(conn.cut.wait(), name="cut")
         try:
             await asyncio.wait({reader, writer, cut}, return_when=asyncio.FIRST_COMPLETED)
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                await self._reader_died(conn, reader.exception())
         finally:
             tasks = [task for _, task in conn.contexts.values()]
-            for task in (*tasks, reader, writer, cut):
+            for utterance, task in conn.contexts.values():
+                if conn.stalled:
+                    utterance.fail(SlowConsumer("the connection was cut: the client stopped reading"))
+                task.cancel()
+            for task in (reader, writer, cut):
                 task.cancel()
             await asyncio.gather(*tasks, reader, writer, cut, return_exceptions=True)
             if conn.stalled:
                 await self._cut(conn)
+
+    async def _reader_died(self, conn: _Connection, exc: BaseException) -> None:
+        """A bug outside the per-message guard: log it, tell every context, close with 1011."""
+        log.error("connection reader died; ending its %d contexts", conn.live_count(), exc_info=exc,
+                  extra={"remote": str(conn.ws.remote_address)})
+        error = WorkerError(f"the worker stopped reading this connection ({type(exc).__name__}); reconnect")
+        for utterance, task in list(conn.contexts.values()):
+            if not task.done():
+                await self._end_context(conn, utterance, task, error, retryable=True)
+        try:
+            async with asyncio.timeout(self.settings.close_timeout_s):
+                while not conn.outbox.empty():
+                    await asyncio.sleep(0.01)
+                await conn.ws.close(INTERNAL_ERROR_CLOSE, "worker error")
+        except (TimeoutError, ConnectionClosed, SlowConsumer):
+            conn.ws.transport.abort()
 
     async def _cut(self, conn: _Connection) -> None:
         log.warning("cutting a connection that stopped reading for %.1f s", conn.slow_consumer_s,
@@ -144,42 +201,97 @@ class WorkerServer:
         try:
             async for raw in conn.ws:
                 try:
-                    await self._dispatch(conn, parse_client(raw))
+                    await self._receive(conn, raw)
                 except SlowConsumer:
                     return
-                except WorkerError as exc:
-                    await conn.send(Error(exc.code, exc.message, exc.retryable, _context_of(raw)))
-        except (ConnectionClosed, SlowConsumer):
+        except ConnectionClosed:
             pass
 
-    async def _dispatch(self, conn: _Connection, message: object) -> None:
-        if isinstance(message, Start):
-            if message.context_id in conn.contexts:
-                raise BadRequest(f"context '{message.context_id}' is already active on this connection")
-            if self.active >= self.settings.max_streams:
-                if self.deps.metrics is not None:
-                    self.deps.metrics.rejected.labels("busy").inc()
-                raise Busy(f"worker is at its limit of {self.settings.max_streams} concurrent streams; try another replica")
-            self._launch(conn, Utterance(message, self.deps, conn.send))
+    async def _receive(self, conn: _Connection, raw: str | bytes) -> None:
+        """One client message, guarded: whatever goes wrong, the answer is for this message only."""
+        try:
+            message = parse_client(raw)
+        except BadMessage as exc:
+            if exc.message_type == "start" and exc.context_id is not None and conn.live(exc.context_id) is None:
+                await conn.send(Error(exc.code, exc.message, exc.retryable, exc.context_id))  # it never opened
+            else:
+                await self._refuse(conn, exc, exc.message_type, exc.context_id)
             return
-        entry = conn.contexts.get(message.context_id)
+        try:
+            await self._dispatch(conn, message)
+        except (SlowConsumer, asyncio.CancelledError):
+            raise
+        except WorkerError as exc:
+            await self._refuse(conn, exc, message.type, message.context_id)
+        except Exception as exc:  # a bug handling this message: it is refused, the connection lives on
+            log.exception("handling a '%s' message failed", message.type, extra={"context_id": message.context_id})
+            await self._refuse(conn, WorkerError(f"internal error: {type(exc).__name__}"), message.type,
+                               message.context_id, retryable=True)
+
+    async def _refuse(self, conn: _Connection, exc: WorkerError, message_type: str | None, context_id: str | None,
+                      *, retryable: bool | None = None) -> None:
+        if self.deps.metrics is not None:
+            self.deps.metrics.refused_messages.labels(exc.code).inc()
+        await conn.send(Rejected(exc.code, exc.message, exc.retryable if retryable is None else retryable,
+                                 context_id, message_type))
+
+    async def _dispatch(self, conn: _Connection, message: ClientMessage) -> None:
+        if isinstance(message, Start):
+            if conn.live(message.context_id) is not None:
+                raise BadRequest(f"context '{message.context_id}' is already active on this connection; "
+                                 "this start was ignored and the live context carries on")
+            try:
+                self._admit(conn)
+                utterance = Utterance(message, self.deps, conn.send, backlog=conn.backlog)
+            except WorkerError as exc:  # the context never opened: this error is its end
+                await conn.send(Error(exc.code, exc.message, exc.retryable, message.context_id))
+                return
+            self._launch(conn, utterance)
+            return
+        entry = conn.live(message.context_id)
         if entry is None:
             raise BadRequest(f"no active context '{message.context_id}'; send 'start' first")
         utterance, task = entry
-        if isinstance(message, PushText):
-            utterance.push_text(message.text)
-        elif isinstance(message, Flush):
-            utterance.flush()
-        elif isinstance(message, End):
-            try:
-                utterance.end()
-            except WorkerError:
-                task.cancel()
-                raise
-        elif isinstance(message, Cancel):
+        if isinstance(message, Cancel):
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            await conn.send(Done(message.context_id, UtteranceStats(), reason="cancelled"))
+            if utterance.claim_end():
+                await conn.send(Done(message.context_id, UtteranceStats(), reason="cancelled"))
+            return
+        try:
+            if isinstance(message, PushText):
+                utterance.push_text(message.text)
+            elif isinstance(message, Flush):
+                utterance.flush()
+            elif isinstance(message, End):
+                utterance.end()
+        except _ENDS_CONTEXT as exc:
+            await self._end_context(conn, utterance, task, exc)
+
+    async def _end_context(self, conn: _Connection, utterance: Utterance, task: asyncio.Task, exc: WorkerError,
+                           *, retryable: bool | None = None) -> None:
+        """Cancel a context (aborting its engine request, freeing its slot), then send its one error."""
+        utterance.fail(exc)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if utterance.claim_end():
+            await conn.send(Error(exc.code, exc.message, exc.retryable if retryable is None else retryable,
+                                  utterance.context_id))
+
+    def _admit(self, conn: _Connection) -> None:
+        limit = self.settings.connection_stream_limit()
+        reason, message = None, ""
+        if self.active >= self.settings.max_streams:
+            reason = "busy"
+            message = f"worker is at its limit of {self.settings.max_streams} concurrent streams; try another replica"
+        elif conn.live_count() >= limit:
+            reason = "connection_limit"
+            message = (f"this connection holds {limit} streams, its share of the worker's {self.settings.max_streams}; "
+                       "wait for one to end or use another connection")
+        if reason is not None:
+            if self.deps.metrics is not None:
+                self.deps.metrics.rejected.labels(reason).inc()
+            raise Busy(message)
 
     def _launch(self, conn: _Connection, utterance: Utterance) -> None:
         self.active += 1
@@ -187,30 +299,35 @@ class WorkerServer:
 
         def finished(_: asyncio.Task) -> None:  # runs even if the task was cancelled before it started
             self.active -= 1
-            conn.contexts.pop(utterance.context_id, None)
+            utterance.release()
+            if conn.contexts.get(utterance.context_id, (None, None))[1] is task:
+                del conn.contexts[utterance.context_id]
 
         task.add_done_callback(finished)
         conn.contexts[utterance.context_id] = (utterance, task)
 
     async def _write(self, conn: _Connection) -> None:
+        """Drain the outbox; a write the client's socket cannot take within slow_consumer_s cuts it."""
         try:
             while True:
                 message = await conn.outbox.get()
-                if isinstance(message, AudioChunk):
-                    await conn.ws.send(message.encode())
-                else:
-                    await conn.ws.send(encode(message))
+                data = message.encode() if isinstance(message, AudioChunk) else encode(message)
+                try:
+                    async with asyncio.timeout(conn.slow_consumer_s):
+                        await conn.ws.send(data)
+                except TimeoutError:
+                    conn.stall()
+                    return
         except ConnectionClosed:
             pass
 
 
-def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
-    return Response(status.value, status.phrase, Headers({"Content-Type": content_type, "Content-Length": str(len(body))}), body)
+def _response(status: HTTPStatus, body: bytes, content_type: str, *, retry_after: int | None = None) -> Response:
+    headers = Headers({"Content-Type": content_type, "Content-Length": str(len(body))})
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    return Response(status.value, status.phrase, headers, body)
 
 
-def _context_of(raw: str | bytes) -> str | None:
-    try:
-        value = json.loads(raw).get("context_id")
-    except (ValueError, AttributeError, TypeError):
-        return None
-    return value if isinstance(value, str) else None
+def _json(status: HTTPStatus, body: dict, *, retry_after: int | None = None) -> Response:
+    return _response(status, json.dumps(body).encode(), "application/json", retry_after=retry_after)

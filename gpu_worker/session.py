@@ -1,7 +1,14 @@
 """One utterance (context) on a connection: buffers pushed text, resolves and loads its voice, speaks
 each flushed segment in order, and ends with exactly one `done` or `error` message (or nothing, when
 its connection is being cut as a slow consumer). Its outcome is recorded in the worker's metrics
-and every log line carries its ``context_id``."""
+and every log line carries its ``context_id``.
+
+Every limit is checked before anything is buffered, so refused text is never spoken later:
+characters buffered before a flush (``max_text_chars``), segments and characters waiting to be
+spoken per context, characters waiting per connection (`Backlog`, shared by its contexts), and
+how long a context may sit with nothing to speak and no new text (``idle_timeout_s``). A long
+segment is spoken as several engine requests (`SpeechEngine.plan`), joined without a gap.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +17,17 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gpu_worker.codec import NOISE_PERIOD_LATENT, LATENT_PER_FRAME, to_pcm16
 from gpu_worker.engine import SamplingOptions, SpeechEngine, Voice
-from gpu_worker.errors import EmptyText, SlowConsumer, TextTooLong, WorkerError
+from gpu_worker.errors import BacklogFull, BadRequest, EmptyText, IdleTimeout, SlowConsumer, TextTooLong, WorkerError
 from gpu_worker.orpheus import SAMPLE_RATE
 from gpu_worker.protocol import AudioChunk, Done, Error, Start, UtteranceStats
 from gpu_worker.scheduler import BatchedDecodeRunner, DecodeRunner
-from gpu_worker.speech import SegmentStats, speak_segment
+from gpu_worker.speech import SegmentStats, speak_request
 
 if TYPE_CHECKING:
     from gpu_worker.adapters import AdapterCache
@@ -40,11 +48,29 @@ class ContextLog(logging.LoggerAdapter):
 
 
 @dataclass(frozen=True, slots=True)
+class ContextLimits:
+    """What one context may hold; every field is a worker setting of the same name."""
+
+    max_text_chars: int = 4096  # buffered before a flush (one segment)
+    max_queued_segments: int = 16  # flushed, not yet being spoken
+    max_context_backlog_chars: int = 16384  # buffered + flushed, not yet being spoken
+    idle_timeout_s: float = 30.0  # nothing to speak and no new text for this long ends the context
+
+
+@dataclass(slots=True)
+class Backlog:
+    """Characters waiting to be spoken on one connection, across its contexts."""
+
+    limit: int
+    chars: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class SessionDeps:
     engine: SpeechEngine
     runner: DecodeRunner | BatchedDecodeRunner
     defaults: SamplingOptions
-    max_text_chars: int
+    limits: ContextLimits = ContextLimits()
     trim_factory: Callable[[], object] | None = None  # builds a streaming head-silence trimmer
     adapters: AdapterCache | None = None  # resolves voices and loads their adapters
     metrics: WorkerMetrics | None = None
@@ -53,14 +79,18 @@ class SessionDeps:
 class Utterance:
     """Lives from `start` to `done`/`error`; its run task is owned and cancelled by the connection."""
 
-    def __init__(self, start: Start, deps: SessionDeps, send: Send, voice: Voice | None = None) -> None:
-        """``voice``: already resolved; else ``deps.adapters`` resolves ``start.voice`` when the run begins."""
+    def __init__(self, start: Start, deps: SessionDeps, send: Send, voice: Voice | None = None,
+                 backlog: Backlog | None = None) -> None:
+        """``voice``: already resolved; else ``deps.adapters`` resolves ``start.voice`` when the run begins.
+        ``backlog``: the connection's shared character budget (None: this context's limits only)."""
         self.context_id = start.context_id
         self.voice_id = start.voice
         self.voice = voice
         self._log = ContextLog(log, {"context_id": start.context_id, "voice": start.voice})
         self.deps = deps
+        self.limits = deps.limits
         self._send = send
+        self._backlog = backlog
         o = start.options
         d = deps.defaults
         self.options = replace(
@@ -76,7 +106,12 @@ class Utterance:
         self._buffer: list[str] = []
         self._buffered_chars = 0
         self._segments: asyncio.Queue[object] = asyncio.Queue()
+        self._pending_chars = 0  # buffered + queued, not yet being spoken (counted in the backlog)
         self._queued = 0
+        self.input_ended = False
+        self._failure: WorkerError | None = None  # set by `fail`: the reason its task is being cancelled
+        self._ended = False  # its one `done`/`error` has been claimed
+        self._last_activity = time.monotonic()
         self._first_queued_at: float | None = None
         self._ttfb_ms: float | None = None
         self._seq = 0
@@ -86,27 +121,89 @@ class Utterance:
             self.push_text(start.text)
 
     def push_text(self, text: str) -> None:
+        """Buffer text for the current segment; refused whole (nothing buffered) past any limit."""
+        if self.input_ended:
+            raise BadRequest(f"context '{self.context_id}' already ended its input; text after 'end' is not spoken")
+        self._last_activity = time.monotonic()
+        n = len(text)
+        if self._buffered_chars + n > self.limits.max_text_chars:
+            raise TextTooLong(f"text exceeds {self.limits.max_text_chars} characters before a flush; "
+                              "flush (or end) at least every few sentences")
+        if self._pending_chars + n > self.limits.max_context_backlog_chars:
+            raise BacklogFull(f"context '{self.context_id}' has {self._pending_chars} characters waiting to be spoken "
+                              f"(limit {self.limits.max_context_backlog_chars}); wait for its audio before sending more")
+        if self._backlog is not None and self._backlog.chars + n > self._backlog.limit:
+            raise BacklogFull(f"this connection has {self._backlog.chars} characters waiting to be spoken "
+                              f"(limit {self._backlog.limit}); wait for audio before sending more")
         self._buffer.append(text)
-        self._buffered_chars += len(text)
-        if self._buffered_chars > self.deps.max_text_chars:
-            raise TextTooLong(f"text exceeds {self.deps.max_text_chars} characters; split it into several flushes")
+        self._buffered_chars += n
+        self._hold(n)
 
     def flush(self) -> None:
-        text = " ".join("".join(self._buffer).split())
+        if self.input_ended:
+            raise BadRequest(f"context '{self.context_id}' already ended its input")
+        self._flush()
+
+    def _flush(self) -> None:
+        self._last_activity = time.monotonic()
+        raw, chars = "".join(self._buffer), self._buffered_chars
+        text = " ".join(raw.split())
+        if text and self._segments.qsize() >= self.limits.max_queued_segments:
+            raise BacklogFull(f"context '{self.context_id}' has {self._segments.qsize()} segments waiting to be spoken "
+                              f"(limit {self.limits.max_queued_segments}); wait for audio before flushing more")
         self._buffer.clear()
         self._buffered_chars = 0
         if not text:
+            self._hold(-chars)
             return
         if self._first_queued_at is None:
             self._first_queued_at = time.perf_counter()
         self._queued += 1
-        self._segments.put_nowait(text)
+        self._segments.put_nowait((text, chars))
 
     def end(self) -> None:
-        self.flush()
+        if self.input_ended:
+            raise BadRequest(f"context '{self.context_id}' already ended its input")
+        self._flush()
         if self._queued == 0:
             raise EmptyText("nothing to speak: the utterance ended without any text")
+        self.input_ended = True
         self._segments.put_nowait(_END)
+
+    def fail(self, error: WorkerError) -> None:
+        """Record why the connection is about to cancel this context (its outcome in metrics)."""
+        self._failure = error
+
+    def claim_end(self) -> bool:
+        """True once: whoever gets it sends this context's single `done` or `error`."""
+        if self._ended:
+            return False
+        self._ended = True
+        return True
+
+    def release(self) -> None:
+        """Give this context's unspoken characters back to the connection (its task has ended)."""
+        self._hold(-self._pending_chars)
+
+    def _hold(self, chars: int) -> None:
+        self._pending_chars += chars
+        if self._backlog is not None:
+            self._backlog.chars += chars
+
+    async def _next_segment(self) -> object:
+        """The next flushed segment; a context with nothing to speak and no new text for
+        ``idle_timeout_s`` ends (it would hold a stream slot forever)."""
+        while True:
+            if not self._segments.empty():
+                return self._segments.get_nowait()
+            left = self._last_activity + self.limits.idle_timeout_s - time.monotonic()
+            if left <= 0:
+                raise IdleTimeout(f"no text for {self.limits.idle_timeout_s:.0f} s; the context was closed "
+                                  "(send 'end' when an utterance is complete)")
+            try:
+                return await asyncio.wait_for(self._segments.get(), timeout=left)
+            except TimeoutError:
+                continue  # re-check: text may have arrived (it moves the deadline)
 
     async def run(self) -> None:
         stats = SegmentStats()
@@ -121,35 +218,51 @@ class Utterance:
                 self.voice = await self.deps.adapters.acquire(self.voice_id)
                 acquired = True
             segments = 0
-            while (text := await self._segments.get()) is not _END:
+            while (item := await self._next_segment()) is not _END:
+                text, chars = item
+                self._hold(-chars)
                 segments += 1
-                trimmer = self.deps.trim_factory() if (self.trim and self.deps.trim_factory) else None
-                options = self.options if self.options.seed is None else replace(self.options, seed=self.options.seed + segments)
-                async for audio in speak_segment(self.deps.engine, self.deps.runner, self.voice, text, options, stats,
-                                                 noise_offset=self._noise_offset):
+                requests = await self.deps.engine.plan(self.voice, text, self.options.max_tokens)
+                for i, request in enumerate(requests):
+                    trimmer = self.deps.trim_factory() if (self.trim and self.deps.trim_factory) else None
+                    seed = self.options.seed
+                    options = self.options if seed is None else replace(self.options, seed=seed + stats.requests + 1)
+                    async with aclosing(speak_request(
+                            self.deps.engine, self.deps.runner, self.voice, request, options, stats,
+                            noise_offset=self._noise_offset, fade_in=i > 0, fade_out=i < len(requests) - 1)) as audio_out:
+                        async for audio in audio_out:
+                            if trimmer is not None:
+                                audio = trimmer.push(audio)
+                            if len(audio):
+                                await self._emit(audio)
                     if trimmer is not None:
-                        audio = trimmer.push(audio)
-                    if len(audio):
-                        await self._emit(audio)
-                if trimmer is not None:
-                    tail = trimmer.flush()
-                    if len(tail):
-                        await self._emit(tail)
-                    dropped_ms += trimmer.result.dropped_ms
+                        tail = trimmer.flush()
+                        if len(tail):
+                            await self._emit(tail)
+                        dropped_ms += trimmer.result.dropped_ms
+                self._last_activity = time.monotonic()  # idle time counts from when speaking stopped
             audio_s = stats.samples / SAMPLE_RATE
             wall = time.perf_counter() - began
             done = UtteranceStats(
                 ttfb_ms=self._ttfb_ms, audio_s=round(audio_s, 4), tokens=stats.tokens, frames=stats.frames,
                 invalid_tokens=stats.invalid_tokens, segments=segments, wall_s=round(wall, 4),
                 rtf=round(wall / audio_s, 4) if audio_s else None, head_silence_dropped_ms=round(dropped_ms, 1),
+                engine_requests=stats.requests, finish_reason="length" if stats.cut_by_length else "end_of_speech",
             )
             outcome = "completed"
+            if stats.cut_by_length:
+                self._log.warning("context %s: %d of %d engine requests ended at their token cap (audio cut short)",
+                                  self.context_id, stats.cut_by_length, stats.requests,
+                                  extra={"cut_by_length": stats.cut_by_length})
             self._log.info("context %s done: %d frames, %d tokens, ttfb %s ms, rtf %s", self.context_id, stats.frames,
                            stats.tokens, self._ttfb_ms, done.rtf,
                            extra={"frames": stats.frames, "tokens": stats.tokens, "invalid_tokens": stats.invalid_tokens,
-                                  "ttfb_ms": self._ttfb_ms, "rtf": done.rtf})
-            await self._send(Done(self.context_id, done))
+                                  "ttfb_ms": self._ttfb_ms, "rtf": done.rtf, "finish_reason": done.finish_reason})
+            if self.claim_end():
+                await self._send(Done(self.context_id, done))
         except asyncio.CancelledError:
+            if self._failure is not None:
+                outcome = self._failure.code
             raise
         except SlowConsumer as exc:  # the connection is being cut: nothing more can reach this client
             outcome = exc.code
@@ -168,6 +281,8 @@ class Utterance:
             self._record(outcome, stats, time.perf_counter() - began)
 
     async def _send_final(self, message: object) -> None:
+        if not self.claim_end():
+            return
         try:
             await self._send(message)
         except SlowConsumer:
@@ -182,6 +297,7 @@ class Utterance:
             outcome=outcome, ttfb_s=None if self._ttfb_ms is None else self._ttfb_ms / 1000.0,
             rtf=wall / audio_s if outcome == "completed" and audio_s else None, tokens=stats.tokens,
             invalid_tokens=stats.invalid_tokens, audio_s=audio_s, generation_s=wall if outcome == "completed" else 0.0,
+            requests=stats.requests, cut_by_length=stats.cut_by_length, spoke_to_end=stats.spoke_to_end,
         )
 
     async def _emit(self, audio) -> None:

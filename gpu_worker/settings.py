@@ -1,4 +1,7 @@
-"""Worker settings: one object per process, read once at start-up (env prefix VOICERING_WORKER_)."""
+"""Worker settings: one object per process, read once at start-up (env prefix VOICERING_WORKER_).
+
+Engine and sampling defaults are not repeated here: they are read off `EngineSettings` and
+`SamplingOptions`, the one place each is written."""
 
 from __future__ import annotations
 
@@ -7,6 +10,13 @@ from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gpu_worker.adapters.cache import DEFAULT_RECONCILE_S
+from gpu_worker.adapters.store import DEFAULT_CACHE_MAX_BYTES, DEFAULT_REVALIDATE_S
+from gpu_worker.engine import EngineSettings, SamplingOptions
+
+_ENGINE = EngineSettings(model="")
+_SAMPLING = SamplingOptions()
 
 
 class WorkerSettings(BaseSettings):
@@ -19,30 +29,50 @@ class WorkerSettings(BaseSettings):
     codec: str = Field("hubertsiuzdak/snac_24khz", description="SNAC 24 kHz weights: local path or hub id")
     voices_dir: Path = Field(Path("voices"), description="adapter store root: <dir>/<voice id>/")
     voices_url: str | None = Field(None, description="fsspec URL of a remote adapter store (s3://...); overrides voices_dir")
-    adapter_cache_dir: Path | None = Field(None, description="local copies of remote adapters (default: <tmp>/voicering-adapters)")
+    adapter_cache_dir: Path | None = Field(None, description="local copies of remote adapters (default: private "
+                                                             "$XDG_CACHE_HOME/voicering/adapters, mode 0700)")
+    adapter_revalidate_s: float = Field(DEFAULT_REVALIDATE_S, gt=0, description="longest a cached remote adapter is served "
+                                        "before it is checked again (republish and deletion take effect within it)")
+    adapter_cache_max_bytes: int = Field(DEFAULT_CACHE_MAX_BYTES, ge=1 << 20, description="local copies of remote adapters, "
+                                         "least recently used evicted past it")
+    adapter_reconcile_s: float = Field(DEFAULT_RECONCILE_S, ge=0, description="how often the adapter mirror is checked "
+                                       "against what the engine really holds")
     base_model: str | None = Field(None, description="what adapters must declare as their base (default: model)")
     prewarm_voices: tuple[str, ...] = Field((), description="voices loaded into the engine at start-up")
     base_voices: tuple[str, ...] = ()
     quantization: Literal["auto", "fp8", "none"] = "auto"
-    max_loras: int = Field(4, ge=1, description="adapters in engine slots (one batch mixes at most this many)")
-    max_cpu_loras: int = Field(16, ge=1, description="adapters in the engine's CPU cache (LRU); the rest stay on disk")
-    max_lora_rank: int = Field(32, ge=1)
-    max_num_seqs: int = 32
-    max_model_len: int = 4096
-    cpu_kv_cache_gib: int = 2
-    max_text_chars: int = 4096
+    max_loras: int = Field(_ENGINE.max_loras, ge=1, description="adapters in engine slots (one batch mixes at most this many)")
+    max_cpu_loras: int = Field(_ENGINE.max_cpu_loras, ge=1,
+                               description="adapters in the engine's CPU cache (LRU); the rest stay on disk")
+    max_lora_rank: int = Field(_ENGINE.max_lora_rank, ge=1)
+    max_num_seqs: int = Field(_ENGINE.max_num_seqs, ge=1)
+    max_model_len: int = Field(_ENGINE.max_model_len, ge=256, description="tokens per engine request (prompt + audio); "
+                                                                          "longer segments are split at sentences")
+    gpu_memory_utilization: float = Field(_ENGINE.gpu_memory_utilization, gt=0, le=1,
+                                          description="share of GPU memory vLLM may take (lower it beside a trainer)")
+    cpu_kv_cache_gib: int = _ENGINE.cpu_kv_cache_gib
     max_streams: int = Field(32, ge=1, description="concurrent utterances before a retryable 'busy'")
+    max_streams_per_connection: int | None = Field(
+        None, ge=1, description="utterances one connection may hold at once (default: half of max_streams), "
+                                "so one client cannot take every slot")
+    # per-context and per-connection limits on text (checked before anything is buffered)
+    max_text_chars: int = Field(4096, ge=1, description="characters buffered before a flush (one segment)")
+    max_queued_segments: int = Field(16, ge=1, description="flushed segments waiting to be spoken, per context")
+    max_context_backlog_chars: int = Field(16384, ge=1, description="characters waiting to be spoken, per context")
+    max_connection_backlog_chars: int = Field(65536, ge=1, description="characters waiting to be spoken, per connection")
+    idle_timeout_s: float = Field(30.0, gt=0, description="a context with nothing to speak and no new text for this long ends")
     codec_threads: int | None = None
     # cross-stream codec batching: auto = batched on CUDA, sequential on CPU
     codec_policy: Literal["auto", "batched", "sequential"] = "auto"
-    codec_tick_ms: float = Field(15.0, gt=0, description="longest a window waits for others to batch with")
-    codec_max_batch: int = Field(64, ge=1)
+    codec_tick_ms: float | None = Field(None, gt=0, description="longest a window waits for others to batch with "
+                                                                "(default: the scheduler's TICK_S)")
+    codec_max_batch: int | None = Field(None, ge=1, description="windows per codec call (default: the scheduler's MAX_BATCH)")
     codec_compile: bool | None = Field(None, description="torch.compile the SNAC decoder (default: on CUDA only)")
-    # sampling defaults (Orpheus reference values)
-    temperature: float = 0.6
-    top_p: float = 0.8
-    repetition_penalty: float = 1.1
-    constraint: Literal["fused", "mask", "off"] = "fused"
+    # sampling defaults (Orpheus reference values, from SamplingOptions)
+    temperature: float = _SAMPLING.temperature
+    top_p: float = _SAMPLING.top_p
+    repetition_penalty: float = _SAMPLING.repetition_penalty
+    constraint: Literal["fused", "mask", "off"] = _SAMPLING.constraint
     trim_silence: bool = Field(True, description="drop head silence of each segment (silence_trim's streaming gate)")
     trim_max_drop_ms: float = Field(1500.0, ge=0, description="most head silence the gate may drop per segment")
     # hash ring membership: register and heartbeat when a Redis URL is given
@@ -50,9 +80,13 @@ class WorkerSettings(BaseSettings):
     advertise_url: str | None = Field(None, description="websocket URL clients use (default ws://host:port)")
     # back-pressure: messages queued per connection; a stream that cannot queue for slow_consumer_s cuts it
     send_queue: int = Field(256, ge=1)
-    slow_consumer_s: float = Field(5.0, gt=0)
+    slow_consumer_s: float = Field(5.0, gt=0, description="longest one message may wait to be queued or written "
+                                                           "before the connection is cut as a slow consumer")
     close_timeout_s: float = Field(2.0, gt=0, description="longest a cut connection waits for its close frame")
     socket_send_buffer: int | None = Field(
         None, ge=4096, description="SO_SNDBUF per connection (default: kernel autotuning, up to tcp_wmem max); "
                                    "smaller detects a stalled client sooner")
     log_format: Literal["json", "text"] = "json"
+
+    def connection_stream_limit(self) -> int:
+        return self.max_streams_per_connection or max(1, self.max_streams // 2)

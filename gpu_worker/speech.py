@@ -1,60 +1,95 @@
-"""One text segment -> PCM: prompt ids, engine tokens, frames, streamed windows. The hot loop of a stream."""
+"""One engine request -> PCM: engine tokens, frames, streamed windows. The hot loop of a stream.
+
+Where a long segment is spoken as several requests, each join gets a short fade (out at the end
+of one request, in at the start of the next): two independent decodes meet there, and a
+waveform step between them would click.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import numpy as np
 
 from gpu_worker.codec import ChunkPlanner, ChunkSchedule
-from gpu_worker.engine import GenerationStats, SamplingOptions, SpeechEngine, Voice
-from gpu_worker.orpheus import FrameAssembler, max_audio_tokens
+from gpu_worker.engine import EngineRequest, GenerationStats, SamplingOptions, SpeechEngine, Voice
+from gpu_worker.orpheus import FrameAssembler
 from gpu_worker.scheduler import DecodeRunner
+from silence_trim.pcm import apply_fade
+
+JOIN_FADE_SAMPLES = 120  # 5 ms at 24 kHz
 
 
 @dataclass(slots=True)
 class SegmentStats:
+    """Totals over an utterance's engine requests."""
+
     tokens: int = 0
     frames: int = 0
     invalid_tokens: int = 0
     samples: int = 0
-    finished_by: str = ""
+    requests: int = 0
+    cut_by_length: int = 0  # requests that ended at their token cap, not at END_OF_SPEECH
+    spoke_to_end: int = 0  # requests that ended at END_OF_SPEECH (the rest were aborted)
 
 
-async def speak_segment(
+async def speak_request(
     engine: SpeechEngine,
     runner: DecodeRunner,
     voice: Voice,
-    text: str,
+    request: EngineRequest,
     options: SamplingOptions,
     stats: SegmentStats,
     *,
     noise_offset: int = 0,
     schedule: ChunkSchedule | None = None,
+    fade_in: bool = False,
+    fade_out: bool = False,
 ) -> AsyncIterator[np.ndarray]:
-    """Yield float32 audio chunks (whole frames of 2048 samples) as soon as each window is decoded."""
-    prompt = engine.prompt(voice, text)
-    max_tokens = options.max_tokens or max_audio_tokens(text)
+    """Yield float32 audio chunks (whole frames of 2048 samples) as soon as each window is decoded.
+
+    ``fade_in``/``fade_out``: this request joins another before/after it. Fading out holds each
+    chunk back until the next one is decoded (the last one is only known at the end).
+    """
     assembler = FrameAssembler()
     planner = ChunkPlanner(schedule or ChunkSchedule())
     frames = []
     generation = GenerationStats()
-    try:
-        async for ids in engine.speak(voice, prompt, options, max_tokens, generation):
-            for frame in assembler.extend(ids):
-                frames.append(frame)
-                while (window := planner.next_window(len(frames))) is not None:
-                    audio = await runner.decode(frames, window, noise_offset)
-                    stats.samples += len(audio)
-                    yield audio
+    held: np.ndarray | None = None
+    first = True
+
+    async def windows() -> AsyncIterator[np.ndarray]:
+        async with aclosing(engine.speak(voice, request.prompt, options, request.max_tokens, generation)) as tokens:
+            async for ids in tokens:
+                for frame in assembler.extend(ids):
+                    frames.append(frame)
+                    while (window := planner.next_window(len(frames))) is not None:
+                        yield await runner.decode(frames, window, noise_offset)
         if (window := planner.final_window(len(frames))) is not None:
-            audio = await runner.decode(frames, window, noise_offset)
-            stats.samples += len(audio)
-            yield audio
+            yield await runner.decode(frames, window, noise_offset)
+
+    try:
+        async with aclosing(windows()) as decoded:  # closed at once on cancel: the engine request is aborted now
+            async for audio in decoded:
+                stats.samples += len(audio)
+                if first and fade_in:
+                    audio = apply_fade(audio, JOIN_FADE_SAMPLES, rising=True)
+                first = False
+                if not fade_out:
+                    yield audio
+                    continue
+                if held is not None:
+                    yield held
+                held = audio
+            if held is not None:
+                yield apply_fade(held, JOIN_FADE_SAMPLES, rising=False)
     finally:
         assembler.finish()
         stats.tokens += generation.tokens
         stats.frames += len(frames)
         stats.invalid_tokens += assembler.invalid
-        stats.finished_by = generation.finished_by
+        stats.requests += 1
+        stats.cut_by_length += generation.finished_by == "length"
+        stats.spoke_to_end += generation.finished_by == "end_of_speech"

@@ -14,9 +14,9 @@ from gpu_worker.codec import SnacCodec, set_cpu_threads
 from gpu_worker.engine import EngineSettings, SamplingOptions, SpeechEngine
 from gpu_worker.orpheus import SAMPLE_RATE
 from gpu_worker.metrics import WorkerMetrics, use_json_logs
-from gpu_worker.scheduler import make_decode_runner
+from gpu_worker.scheduler import MAX_BATCH, TICK_S, make_decode_runner
 from gpu_worker.server import WorkerServer
-from gpu_worker.session import SessionDeps
+from gpu_worker.session import ContextLimits, SessionDeps
 from gpu_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -27,8 +27,14 @@ def engine_settings(settings: WorkerSettings) -> EngineSettings:
         model=settings.model, quantization=settings.quantization, max_loras=settings.max_loras,
         max_cpu_loras=settings.max_cpu_loras, max_lora_rank=settings.max_lora_rank,
         max_num_seqs=settings.max_num_seqs, max_model_len=settings.max_model_len,
-        cpu_kv_cache_gib=settings.cpu_kv_cache_gib,
+        gpu_memory_utilization=settings.gpu_memory_utilization, cpu_kv_cache_gib=settings.cpu_kv_cache_gib,
     )
+
+
+def context_limits(settings: WorkerSettings) -> ContextLimits:
+    return ContextLimits(max_text_chars=settings.max_text_chars, max_queued_segments=settings.max_queued_segments,
+                         max_context_backlog_chars=settings.max_context_backlog_chars,
+                         idle_timeout_s=settings.idle_timeout_s)
 
 
 def sampling_defaults(settings: WorkerSettings) -> SamplingOptions:
@@ -69,7 +75,8 @@ async def ring_membership(settings: WorkerSettings, load: Callable[[], int]) -> 
 def adapter_store(settings: WorkerSettings) -> AdapterStore:
     return AdapterStore(settings.voices_url or settings.voices_dir, max_rank=settings.max_lora_rank,
                         base_voices=settings.base_voices, base_model=settings.base_model or settings.model,
-                        cache_dir=settings.adapter_cache_dir)
+                        cache_dir=settings.adapter_cache_dir, revalidate_s=settings.adapter_revalidate_s,
+                        cache_max_bytes=settings.adapter_cache_max_bytes)
 
 
 async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = None) -> None:
@@ -84,16 +91,18 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
     metrics = WorkerMetrics()
     codec = SnacCodec.load(settings.codec)
     engine = await SpeechEngine.start(engine_settings(settings))
-    runner = make_decode_runner(codec, settings.codec_policy, tick_s=settings.codec_tick_ms / 1000.0,
-                                max_batch=settings.codec_max_batch, compile_decoder=settings.codec_compile, metrics=metrics)
+    tick_s = settings.codec_tick_ms / 1000.0 if settings.codec_tick_ms is not None else TICK_S
+    runner = make_decode_runner(codec, settings.codec_policy, tick_s=tick_s, max_batch=settings.codec_max_batch or MAX_BATCH,
+                                compile_decoder=settings.codec_compile, metrics=metrics)
     store = adapter_store(settings)
     # the engine's CPU cache holds max(max_cpu_loras, max_loras) adapters (see EngineSettings)
-    adapters = AdapterCache(store, engine.load_adapter, max(settings.max_cpu_loras, settings.max_loras), metrics)
+    adapters = AdapterCache(store, engine.load_adapter, max(settings.max_cpu_loras, settings.max_loras), metrics,
+                            listing=engine.loaded_adapters, reconcile_s=settings.adapter_reconcile_s)
     metrics.bind(engine_queue=lambda: engine.waiting, codec_queue=lambda: runner.pending,
                  adapters_resident=lambda: len(adapters.resident))
-    deps = SessionDeps(engine, runner, sampling_defaults(settings), settings.max_text_chars, trim_factory=trim_factory(settings),
-                       adapters=adapters, metrics=metrics)
-    server = WorkerServer(settings, deps, store)
+    deps = SessionDeps(engine, runner, sampling_defaults(settings), context_limits(settings),
+                       trim_factory=trim_factory(settings), adapters=adapters, metrics=metrics)
+    server = WorkerServer(settings, deps)
     if settings.prewarm_voices:
         report = await adapters.prewarm(settings.prewarm_voices)
         log.info("prewarmed voices: %s", report, extra={"prewarm": report})
@@ -110,5 +119,6 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
         await membership.__aexit__(None, None, None)
         ws_server.close()
         await ws_server.wait_closed()
+        await server.aclose()
         await runner.aclose()
         await engine.aclose()
