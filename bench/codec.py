@@ -1,23 +1,44 @@
 """Streaming SNAC decode: voicering's windowed decoder vs the reference Orpheus strategy, same model,
-same frames, same run.
+same token stream, same run.
 
-Reference strategy (orpheus-speech): wait for 28 tokens (4 frames), then for every new frame decode
-the last 4 frames and keep samples [2048:4096] (the second frame of the window); it never emits
-the first frame or the last two. Both strategies use our position-indexed noise, so the reference's
-SNR here is its best case (the real one also draws fresh noise per call).
+Both sides consume the same stream of generated token ids (random codes laid out as Orpheus
+generates them) one id at a time. Ours: `FrameAssembler` -> `StreamingDecoder`. The reference:
+orpheus-speech's own decoder loop, re-run here over the ids (`reference_stream`): it turns each id
+into a code assuming slot ``count % 7`` (``count`` = codes accepted so far), drops a code of 0, and
+once ``count`` is a multiple of 7 above 27 decodes the last 28 codes (4 frames) and keeps samples
+[2048:4096] (the window's second frame); a window holding a code outside 0..4096 is skipped. So
+its tokens-before-first-audio, frames out and SNR are what that loop does, not constants. Both use
+our position-indexed noise, so the reference's SNR here is its best case (the real one also draws
+fresh noise per call), and it gets one id per text delta (its best case too: it parses only the
+last token of a delta).
+
+Decode speed: a warm-up pass of both sides over the first seconds, then ``rounds`` rounds, each
+timing ours and the reference back to back (which goes first alternates); seconds of decode per
+second of audio and their ratio are reported as min / median / max over the rounds, the targets
+judged on the median.
 """
 
 from __future__ import annotations
 
+import os
+import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from gpu_worker.orpheus import FRAME_TOKENS, SAMPLE_RATE, SAMPLES_PER_FRAME, Frame
+from gpu_worker.orpheus import AUDIO_BASE, CODEBOOK_SIZE, FRAME_TOKENS, SAMPLE_RATE, SAMPLES_PER_FRAME, Frame, frames_to_ids
 
-REFERENCE_WINDOW = 4
+REFERENCE_WINDOW = 4  # frames per reference decode (28 codes)
+WARM_SECONDS = 3.0
+TARGETS = {  # figure: (comparison, bound)
+    "tokens_before_first_audio": ("<=", 14),
+    "frames_out_equals_frames_in": ("==", True),
+    "snr_db_vs_offline": (">=", 45.0),
+    "decode_work_ratio": ("<=", 0.5),
+}
 
 
 def _random_frames(n: int, seed: int) -> list[Frame]:
@@ -30,39 +51,89 @@ def _snr_db(test: np.ndarray, ref: np.ndarray) -> float:
     return round(float(10 * np.log10((ref**2).sum() / max(((test - ref) ** 2).sum(), 1e-20))), 2)
 
 
-def _ours(codec, frames: list[Frame]) -> tuple[np.ndarray, float, int]:
-    from gpu_worker.codec import StreamingDecoder
+@dataclass
+class Streamed:
+    """What one side made of a token stream."""
 
-    decoder = StreamingDecoder(codec)
+    audio: np.ndarray
+    decode_s: float
+    first_audio_after: int | None  # ids consumed when the first audio came out
+    frames: list[int] = field(default_factory=list)  # reference only: stream frame index of each chunk
+    dropped: int = 0  # reference only: ids it discarded (code 0, unparsable)
+    skipped_windows: int = 0  # reference only: windows refused by its range check
+
+
+def ours_stream(codec, ids: list[int]) -> Streamed:
+    from gpu_worker.codec import StreamingDecoder
+    from gpu_worker.orpheus import FrameAssembler
+
+    assembler, decoder = FrameAssembler(), StreamingDecoder(codec)
     chunks, first_at, decode_s = [], None, 0.0
-    for i, frame in enumerate(frames):
+    for i, token_id in enumerate(ids):
+        frame = assembler.push(token_id)
+        if frame is None:
+            continue
         t = time.perf_counter()
         chunk = decoder.push(frame)
+        decode_s += time.perf_counter() - t
         if chunk is not None:
-            decode_s += time.perf_counter() - t
             chunks.append(chunk)
-            first_at = first_at if first_at is not None else (i + 1) * FRAME_TOKENS
+            first_at = first_at if first_at is not None else i + 1
     t = time.perf_counter()
     tail = decoder.flush()
     decode_s += time.perf_counter() - t
     if tail is not None:
         chunks.append(tail)
-    return np.concatenate(chunks), decode_s, first_at or len(frames) * FRAME_TOKENS
+    return Streamed(np.concatenate(chunks), decode_s, first_at)
 
 
-def _reference(codec, frames: list[Frame]) -> tuple[np.ndarray, list[int], float]:
-    chunks, emitted, decode_s = [], [], 0.0
-    for i in range(REFERENCE_WINDOW - 1, len(frames)):
-        start = i - REFERENCE_WINDOW + 1
-        t = time.perf_counter()
-        audio = codec.decode_frames(frames[start:i + 1], latent_offset=start * 4)
-        decode_s += time.perf_counter() - t
-        chunks.append(audio[SAMPLES_PER_FRAME:2 * SAMPLES_PER_FRAME])
-        emitted.append(start + 1)
-    return np.concatenate(chunks), emitted, decode_s
+def reference_stream(codec, ids: list[int]) -> Streamed:
+    """orpheus-speech's `tokens_decoder` + `turn_token_into_id` + `convert_to_audio`, over vocabulary
+    ids instead of their text (``<custom_token_N>`` with N = id - 128256)."""
+    buffer: list[int] = []  # accepted codes
+    where: list[int] = []  # stream position of each accepted code
+    count, dropped, skipped, decode_s, first_at = 0, 0, 0, 0.0, None
+    chunks, frames = [], []
+    for i, token_id in enumerate(ids):
+        code = token_id - AUDIO_BASE - (count % FRAME_TOKENS) * CODEBOOK_SIZE  # its slot assumption
+        if code <= 0:  # `if token > 0`: code 0 (and anything below) is dropped, count does not advance
+            dropped += 1
+            continue
+        buffer.append(code)
+        where.append(i)
+        count += 1
+        if count % FRAME_TOKENS == 0 and count > 27:
+            window = buffer[-REFERENCE_WINDOW * FRAME_TOKENS:]
+            if any(c < 0 or c > CODEBOOK_SIZE for c in window):  # its check: 4096 passes
+                skipped += 1
+                continue
+            start = where[-REFERENCE_WINDOW * FRAME_TOKENS] // FRAME_TOKENS  # stream frame of the window start
+            frames_in = [Frame.from_slot_codes(window[k:k + FRAME_TOKENS]) for k in range(0, len(window), FRAME_TOKENS)]
+            t = time.perf_counter()
+            try:
+                audio = codec.decode_frames(frames_in, latent_offset=start * 4)
+            except (IndexError, RuntimeError):  # code 4096 is past SNAC's codebook: the reference fails here
+                skipped += 1
+                continue
+            finally:
+                decode_s += time.perf_counter() - t
+            chunks.append(audio[SAMPLES_PER_FRAME:2 * SAMPLES_PER_FRAME])
+            frames.append(where[-(REFERENCE_WINDOW - 1) * FRAME_TOKENS] // FRAME_TOKENS)  # the kept (second) frame
+            first_at = first_at if first_at is not None else i + 1
+    audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+    return Streamed(audio, decode_s, first_at, frames, dropped, skipped)
 
 
-def run(seconds: float = 10.0, seed: int = 0, codec_dir: str | None = None) -> dict:
+def _spread(values: list[float], digits: int = 4) -> dict[str, float]:
+    return {"min": round(min(values), digits), "median": round(statistics.median(values), digits),
+            "max": round(max(values), digits)}
+
+
+def _meets(value, op: str, bound) -> bool:
+    return {"<=": value <= bound, ">=": value >= bound, "==": value == bound}[op]
+
+
+def run(seconds: float = 10.0, seed: int = 0, codec_dir: str | None = None, rounds: int = 3) -> dict:
     from gpu_worker.codec import SnacCodec, set_cpu_threads
     from gpu_worker.stand_in import build_snac
 
@@ -74,28 +145,42 @@ def run(seconds: float = 10.0, seed: int = 0, codec_dir: str | None = None) -> d
     codec = SnacCodec.load(codec_dir, device="cpu")
     n = max(REFERENCE_WINDOW + 1, round(seconds * SAMPLE_RATE / SAMPLES_PER_FRAME))
     frames = _random_frames(n, seed)
-    codec.decode_frames(frames[:4])  # warm-up
-
+    ids = frames_to_ids(frames)
     offline = codec.decode_frames(frames)
-    ours, ours_s, first_tokens = _ours(codec, frames)
-    ref, ref_frames, ref_s = _reference(codec, frames)
-    ref_offline = np.concatenate([offline[f * SAMPLES_PER_FRAME:(f + 1) * SAMPLES_PER_FRAME] for f in ref_frames])
 
-    ours_audio_s = len(ours) / SAMPLE_RATE
-    ref_audio_s = len(ref) / SAMPLE_RATE
-    ours_rate = ours_s / ours_audio_s
-    ref_rate = ref_s / ref_audio_s
-    return {
+    warm = ids[:FRAME_TOKENS * max(REFERENCE_WINDOW + 1, round(WARM_SECONDS * SAMPLE_RATE / SAMPLES_PER_FRAME))]
+    ours_stream(codec, warm)
+    reference_stream(codec, warm)
+    ours_rate, ref_rate, ratio = [], [], []
+    for r in range(rounds):
+        sides = [ours_stream, reference_stream] if r % 2 == 0 else [reference_stream, ours_stream]
+        result = {side: side(codec, ids) for side in sides}
+        ours, ref = result[ours_stream], result[reference_stream]
+        ours_rate.append(ours.decode_s / (len(ours.audio) / SAMPLE_RATE))
+        ref_rate.append(ref.decode_s / max(len(ref.audio) / SAMPLE_RATE, 1e-9))
+        ratio.append(ours_rate[-1] / ref_rate[-1])
+
+    ref_offline = np.concatenate([offline[f * SAMPLES_PER_FRAME:(f + 1) * SAMPLES_PER_FRAME] for f in ref.frames]) \
+        if ref.frames else np.zeros(0, np.float32)
+    figures = {
         "frames_in": n,
-        "frames_out": len(ours) / SAMPLES_PER_FRAME,
-        "tokens_before_first_audio": first_tokens,
-        "snr_db_vs_offline": _snr_db(ours, offline),
-        "decode_s_per_audio_s": round(ours_rate, 4),
-        "reference_tokens_before_first_audio": REFERENCE_WINDOW * FRAME_TOKENS,
-        "reference_frames_out": len(ref) / SAMPLES_PER_FRAME,
-        "reference_snr_db_vs_offline": _snr_db(ref, ref_offline),
-        "reference_decode_s_per_audio_s": round(ref_rate, 4),
-        "decode_work_ratio": round(ours_rate / ref_rate, 4),
+        "frames_out": len(ours.audio) / SAMPLES_PER_FRAME,
+        "frames_out_equals_frames_in": len(ours.audio) == n * SAMPLES_PER_FRAME,
+        "tokens_before_first_audio": ours.first_audio_after,
+        "snr_db_vs_offline": _snr_db(ours.audio, offline),
+        "decode_s_per_audio_s": _spread(ours_rate),
+        "reference_tokens_before_first_audio": ref.first_audio_after,
+        "reference_frames_out": len(ref.audio) / SAMPLES_PER_FRAME,
+        "reference_snr_db_vs_offline": _snr_db(ref.audio, ref_offline) if ref.frames else None,
+        "reference_dropped_tokens": ref.dropped,
+        "reference_skipped_windows": ref.skipped_windows,
+        "reference_decode_s_per_audio_s": _spread(ref_rate),
+        "decode_work_ratio_spread": _spread(ratio),
+        "decode_work_ratio": round(statistics.median(ratio), 4),
+        "rounds": rounds,
         "torch_threads": threads,
         "audio_s": round(n * SAMPLES_PER_FRAME / SAMPLE_RATE, 3),
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
     }
+    figures["targets_met"] = {name: _meets(figures[name], op, bound) for name, (op, bound) in TARGETS.items()}
+    return figures

@@ -9,8 +9,17 @@ and random SNAC weights; CPU. Figures:
   wall seconds per minute of uploaded audio;
 - encode_x_realtime: seconds of clip audio SNAC-encoded per wall second (batched, first ~60 s);
 - train_steps_per_s: optimizer steps per second on the stand-in (batch 1, rank 32, fp32, CPU);
-- head_silence_{before,after}_ms_p{50,90}: silence_trim's energy detector on every clip before
-  and after trimming (target: after p90 <= 40 ms).
+- head_silence_{before,after}_ms_{p50,p90,min,max}: ground truth, not a detector. The uploads
+  are clean (digital silence around espeak-ng speech, sox without dither), so speech starts at
+  the first sample reaching -60 dBFS of the upload (the 600 ms pad + espeak-ng's own lead-in).
+  Each upload is one sentence and becomes one clip, located in its upload by exact sample match
+  (preprocessing neither resamples nor scales 24 kHz uploads; only the faded ends differ), so its
+  head silence is that onset minus where the clip starts: negative would mean trimming cut speech. Targets: after p90
+  <= 40 ms, after min >= 0 ms (margin 20 ms);
+- head_silence_after_vad_ms_*: the same clips measured by silence_trim's silero VAD detector (the
+  pipeline trims with its energy detector), as a cross-check; head_silence_*_trim_detector_ms_*:
+  what the pipeline itself recorded (the trimming detector measuring its own result: circular,
+  kept for comparison only).
 """
 
 from __future__ import annotations
@@ -22,13 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.speech import VOICES, pad_silence, require, synthesize
+from bench.speech import SAMPLE_RATE, VOICES, first_loud_sample, locate, pad_silence, require, synthesize
 
 REPO = Path(__file__).resolve().parents[1]
 HEAD_PAD_S = 0.6
 ENCODE_SECONDS = 60.0
 TRAIN_STEPS = 10
 TARGET_AFTER_P90_MS = 40.0
+TARGET_AFTER_MIN_MS = 0.0  # below: speech was cut
 
 # Harvard sentences (IEEE 1969, lists 5-8 excerpts), public domain.
 SENTENCES = (
@@ -75,6 +85,34 @@ def _pct(values: list[float], q: float) -> float:
     return round(float(np.percentile(values, q)), 1)
 
 
+def _spread(name: str, values: list[float]) -> dict[str, float]:
+    return {f"{name}_p50": _pct(values, 50), f"{name}_p90": _pct(values, 90),
+            f"{name}_min": round(min(values), 1), f"{name}_max": round(max(values), 1)}
+
+
+def _true_head_silence(clips, uploads: list[Path]) -> tuple[list[float], list[float], int]:
+    """Ground-truth head silence (ms) of each upload and of its clip, for the uploads that became
+    exactly one clip (one sentence each here); also how many clips were not measured (their upload
+    made several clips, or the clip is not an exact cut of it)."""
+    import soundfile as sf
+
+    per_source: dict[str, list] = {}
+    for clip in clips:
+        per_source.setdefault(clip.source, []).append(clip)
+    before, after, unmeasured = [], [], 0
+    for path in uploads:
+        found = per_source.get(path.name, [])
+        upload = sf.read(str(path), dtype="float32")[0]
+        onset = first_loud_sample(upload)
+        start = locate(found[0].audio, upload) if len(found) == 1 else None
+        if start is None or onset is None:
+            unmeasured += len(found)
+            continue
+        before.append(1000.0 * onset / SAMPLE_RATE)
+        after.append(1000.0 * (onset - start) / SAMPLE_RATE)
+    return before, after, unmeasured
+
+
 def run() -> dict:
     import torch
     from transformers import AutoTokenizer
@@ -85,6 +123,7 @@ def run() -> dict:
     from lora_training.preprocess import preprocess
     from lora_training.settings import DataParams, TrainParams
     from lora_training.trainer import train_lora
+    from silence_trim import SileroVad, measure
 
     for tool in ("espeak-ng", "sox"):
         require(tool)
@@ -99,8 +138,11 @@ def run() -> dict:
         clip_set = preprocess(audio, manifest, data, asr=None)
         preprocess_s = time.perf_counter() - started
         clips = clip_set.clips
-        before = [c.head_silence_before_ms for c in clips]
-        after = [c.head_silence_after_ms for c in clips]
+        recorded_before = [c.head_silence_before_ms for c in clips]
+        recorded_after = [c.head_silence_after_ms for c in clips]
+        before, after, unmeasured = _true_head_silence(clips, audio)
+        vad = SileroVad()
+        after_vad = [measure(c.audio, SAMPLE_RATE, "vad", vad=vad).leading_silence_ms for c in clips]
 
         codec = SnacCodec.load(str(stand_in.codec), device="cpu")
         codec.encode(np.zeros(2048, np.float32))  # warm-up
@@ -136,10 +178,19 @@ def run() -> dict:
         "train_mean_tokens_per_step": round(float(np.mean([len(e.input_ids) for e in train])), 1),
         "train_rank": params.rank,
         "train_steps_per_s": result.steps_per_s,
-        "head_silence_before_ms_p50": _pct(before, 50),
-        "head_silence_before_ms_p90": _pct(before, 90),
-        "head_silence_after_ms_p50": _pct(after, 50),
-        "head_silence_after_ms_p90": _pct(after, 90),
-        "head_silence_after_target_ms_p90": TARGET_AFTER_P90_MS,
-        "head_silence_target_met": _pct(after, 90) <= TARGET_AFTER_P90_MS,
+        "head_silence_measure": "ground truth: first sample at -60 dBFS of the clean upload, clip located by exact match",
+        **_spread("head_silence_before_ms", before),
+        **_spread("head_silence_after_ms", after),
+        "head_silence_clips_measured": len(after),
+        "head_silence_clips_unmeasured": unmeasured,
+        **_spread("head_silence_after_vad_ms", after_vad),
+        **_spread("head_silence_before_trim_detector_ms", recorded_before),
+        **_spread("head_silence_after_trim_detector_ms", recorded_after),
+        "trim_detector": data.trim_detector,
+        "trim_margin_ms": data.trim_margin_ms,
+        "targets_met": {
+            "head_silence_after_ms_p90": _pct(after, 90) <= TARGET_AFTER_P90_MS,
+            "head_silence_after_ms_min": min(after) >= TARGET_AFTER_MIN_MS,
+            "every_clip_measured": unmeasured == 0,
+        },
     }

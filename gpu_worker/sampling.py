@@ -12,7 +12,10 @@ frame boundary. Two modes, chosen per request through ``SamplingParams.extra_arg
   sampler reduces to an argmax. Same distribution as "mask", a fraction of the work.
 
 Both modes run once per step for the whole batch (a gather of ``[n, 4097]`` candidates, one
-sort, one scatter), never a Python loop over vocabulary-sized rows.
+sort, one scatter), never a Python loop over vocabulary-sized rows. The host's per-step work is a
+loop over the rows filling one packed numpy array (row, slot, flags, sampling parameters, one
+uniform, the codes generated since the last step), copied to the device once; the penalty history
+(codes seen per slot) lives on the device and is updated by one scatter per step.
 
 Slot counting: a row's slot is ``len(output) % 7``, where ``output`` is vLLM's live list of the
 request's generated ids. With async scheduling (CUDA) vLLM appends a placeholder (-1) for the
@@ -21,19 +24,19 @@ installed (`update_async_output_token_ids`); placeholders still count as a gener
 and the repetition-penalty history stops at the first placeholder so no token is ever skipped.
 
 Requests without the extra arg pass through untouched. The class is loaded inside vLLM's engine
-process (pass ``logits_processors=[SlotConstrainedSampler]``); it keeps per-batch-row state only.
+process (pass ``logits_processors=[SlotConstrainedSampler]``); it keeps per-request state only.
 It implements vLLM's V1 model-runner interface; the engine pins the V1 runner (see engine.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 import torch
 
-from gpu_worker.orpheus import AUDIO_BASE, CODEBOOK_SIZE, END_OF_SPEECH, FRAME_TOKENS
+from gpu_worker.orpheus import AUDIO_BASE, CODEBOOK_SIZE, END_OF_SPEECH, FRAME_TOKENS, REFERENCE_SAMPLING
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -46,6 +49,7 @@ EXTRA_ARGS_KEY = "voicering_slots"
 SlotMode = Literal["mask", "fused"]
 CANDIDATES = CODEBOOK_SIZE + 1  # a slot's codes + END_OF_SPEECH (last column)
 PLACEHOLDER = -1  # vLLM's id for a token sampled but not yet copied back (async scheduling)
+SEEN_PER_ROW = FRAME_TOKENS * CODEBOOK_SIZE  # a request's seen-code flags: every slot's codes
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +57,9 @@ class SlotSampling:
     """What travels in ``SamplingParams.extra_args[EXTRA_ARGS_KEY]`` (plain dict on the wire)."""
 
     mode: SlotMode = "fused"
-    temperature: float = 0.6
-    top_p: float = 0.8
-    repetition_penalty: float = 1.1
+    temperature: float = REFERENCE_SAMPLING.temperature
+    top_p: float = REFERENCE_SAMPLING.top_p
+    repetition_penalty: float = REFERENCE_SAMPLING.repetition_penalty
     seed: int | None = None
     min_frames: int = 1  # END_OF_SPEECH is illegal before this many frames
 
@@ -80,14 +84,15 @@ class SlotSampling:
 
 
 class _RowState:
-    """One request's view: its live output list, sampling spec, seen codes per slot, generator."""
+    """One request's view: its live output list, sampling spec, home row in the device-side seen
+    table, how much of the output is marked there, and its generator."""
 
-    __slots__ = ("output", "spec", "seen", "consumed", "rng")
+    __slots__ = ("output", "spec", "home", "consumed", "rng")
 
-    def __init__(self, spec: SlotSampling, output: list[int], device: torch.device) -> None:
+    def __init__(self, spec: SlotSampling, output: list[int], home: int) -> None:
         self.spec = spec
         self.output = output
-        self.seen = torch.zeros((FRAME_TOKENS, CODEBOOK_SIZE), dtype=torch.bool, device=device)
+        self.home = home
         self.consumed = 0
         self.rng = np.random.default_rng(spec.seed)  # seed None: fresh OS entropy
 
@@ -97,18 +102,35 @@ class _RowState:
     def eos_allowed(self) -> bool:
         return self.slot() == 0 and len(self.output) // FRAME_TOKENS >= self.spec.min_frames
 
-    def refresh_seen(self) -> None:
-        """Mark generated codes as seen, up to (not past) an unresolved placeholder."""
+    def unseen_codes(self) -> list[int]:
+        """Audio offsets (``slot * 4096 + code``) generated since the last call, up to (not past)
+        an unresolved placeholder; the caller marks them in the seen table."""
         output = self.output
         end = len(output)
+        offsets = []
         while self.consumed < end:
             token_id = output[self.consumed]
             if token_id == PLACEHOLDER:
-                return
+                break
             offset = token_id - AUDIO_BASE
-            if 0 <= offset < FRAME_TOKENS * CODEBOOK_SIZE:
-                self.seen[offset // CODEBOOK_SIZE, offset % CODEBOOK_SIZE] = True
+            if 0 <= offset < SEEN_PER_ROW:
+                offsets.append(offset)
             self.consumed += 1
+        return offsets
+
+
+class _Step(NamedTuple):
+    """One step's per-row parameters on the device, fused rows first, then masked rows."""
+
+    rows: torch.Tensor  # [n] long: batch rows
+    slots: torch.Tensor  # [n] long
+    eos_ok: torch.Tensor  # [n] bool
+    homes: torch.Tensor  # [f] long: rows of the seen table (fused rows)
+    penalty: torch.Tensor  # [f] float32
+    temperature: torch.Tensor  # [f] float32
+    top_p: torch.Tensor  # [f] float32
+    uniform: torch.Tensor  # [f] float32
+    marks: torch.Tensor  # [m] long: flat indices into the seen table to set
 
 
 def gather_candidates(logits: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
@@ -160,11 +182,23 @@ def nucleus_pick(scores: torch.Tensor, temperature: torch.Tensor, top_p: torch.T
 
 
 class SlotConstrainedSampler(LogitsProcessor):
-    """Restricts (mask) or fully samples (fused) each Orpheus request's next token to its slot."""
+    """Restricts (mask) or fully samples (fused) each Orpheus request's next token to its slot.
+
+    Per step the host packs every row's parameters (batch row, slot, end-of-speech flag, seen-table
+    row, penalty, temperature, top_p, uniform) and the codes generated since the last step into one
+    float64 array, copied to the device once (pinned where vLLM pins). Which codes each request has
+    generated per slot lives on the device, in one ``[capacity, 7, 4096]`` bool table; a request
+    owns a row of it (its ``home``) for its life, whatever batch row it moves to.
+    """
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         self.rows: dict[int, _RowState] = {}
         self.device = device
+        self.pin_memory = is_pin_memory
+        scheduler = getattr(vllm_config, "scheduler_config", None)
+        capacity = getattr(scheduler, "max_num_seqs", None) or 8
+        self.seen = torch.zeros((capacity, FRAME_TOKENS, CODEBOOK_SIZE), dtype=torch.bool, device=device)
+        self._free = list(range(capacity - 1, -1, -1))  # homes not held by any live row; pop() takes the lowest
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
@@ -176,49 +210,71 @@ class SlotConstrainedSampler(LogitsProcessor):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         def new_state(params: SamplingParams, _prompt: list[int] | None, output: list[int]) -> _RowState | None:
             spec = SlotSampling.from_params(params)
-            return None if spec is None else _RowState(spec, output, self.device)
+            return None if spec is None else _RowState(spec, output, self._take_home())
 
-        process_dict_updates(self.rows, batch_update, new_state)
+        if process_dict_updates(self.rows, batch_update, new_state):
+            held = {state.home for state in self.rows.values()}
+            self._free = [h for h in range(len(self.seen) - 1, -1, -1) if h not in held]
+
+    def _take_home(self) -> int:
+        """A free row of the seen table, cleared (grows the table when every row is held)."""
+        if not self._free:
+            grown = len(self.seen)
+            self.seen = torch.cat([self.seen, torch.zeros_like(self.seen)])  # [2 * capacity, 7, 4096]
+            self._free = list(range(len(self.seen) - 1, grown - 1, -1))
+        home = self._free.pop()
+        self.seen[home].zero_()
+        return home
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.rows:
             return logits
         fused = [(i, s) for i, s in self.rows.items() if s.spec.mode == "fused"]
         masked = [(i, s) for i, s in self.rows.items() if s.spec.mode == "mask"]
+        penalised = any(s.spec.repetition_penalty != 1.0 for _, s in fused)
+        step = self._stage(fused, masked, penalised)
+        f = len(fused)
         if fused:
-            self._apply_fused(logits, fused)
+            self._apply_fused(logits, step, f, penalised)
         if masked:
-            self._apply_mask(logits, masked)
+            rows, slots, eos_ok = step.rows[f:], step.slots[f:], step.eos_ok[f:]
+            scores, ids = gather_candidates(logits, rows, slots, eos_ok)  # [m, C]
+            logits.index_fill_(0, rows, float("-inf"))
+            logits[rows[:, None], ids] = scores.to(logits.dtype)
         return logits
 
-    def _host(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+    def _stage(self, fused: list[tuple[int, _RowState]], masked: list[tuple[int, _RowState]],
+               penalised: bool) -> _Step:
+        """Everything this step needs from the host, in one host-to-device copy."""
+        f, n = len(fused), len(fused) + len(masked)
+        marks = [state.home * SEEN_PER_ROW + offset for _, state in fused for offset in state.unseen_codes()] \
+            if penalised else []
+        packed = np.zeros(3 * n + 5 * f + len(marks), dtype=np.float64)  # ids < 2**53 are exact; floats round as torch.tensor would
+        table = packed[:3 * n].reshape(3, n)
+        for j, (row, state) in enumerate(fused + masked):
+            table[:, j] = (row, state.slot(), state.eos_allowed())
+        params = packed[3 * n:3 * n + 5 * f].reshape(5, f)
+        for j, (_, state) in enumerate(fused):
+            spec = state.spec
+            params[:, j] = (state.home, spec.repetition_penalty, spec.temperature, spec.top_p, state.rng.random())
+        packed[3 * n + 5 * f:] = marks
+        host = torch.from_numpy(packed)
+        if self.pin_memory:
+            host = host.pin_memory()
+        dev = host.to(self.device, non_blocking=True)  # the step's only host-to-device copy
+        table_d, params_d = dev[:3 * n].view(3, n), dev[3 * n:3 * n + 5 * f].view(5, f)
+        as_float = params_d[1:].float()  # [4, f]
+        return _Step(rows=table_d[0].long(), slots=table_d[1].long(), eos_ok=table_d[2] != 0,
+                     homes=params_d[0].long(), penalty=as_float[0], temperature=as_float[1], top_p=as_float[2],
+                     uniform=as_float[3], marks=dev[3 * n + 5 * f:].long())
 
-    def _layout(self, entries: list[tuple[int, _RowState]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        rows = self._host([i for i, _ in entries], torch.long)
-        slots = self._host([s.slot() for _, s in entries], torch.long)
-        eos_ok = self._host([s.eos_allowed() for _, s in entries], torch.bool)
-        return rows, slots, eos_ok
-
-    def _apply_fused(self, logits: torch.Tensor, entries: list[tuple[int, _RowState]]) -> None:
-        rows, slots, eos_ok = self._layout(entries)
-        scores, ids = gather_candidates(logits, rows, slots, eos_ok)  # [n, C]
-        penalties = [s.spec.repetition_penalty for _, s in entries]
-        if any(p != 1.0 for p in penalties):
-            for _, state in entries:
-                state.refresh_seen()
-            seen = torch.stack([state.seen[state.slot()] for _, state in entries])  # [n, 4096]
-            penalise(scores, seen, self._host(penalties, torch.float32))
-        temperature = self._host([s.spec.temperature for _, s in entries], torch.float32)
-        top_p = self._host([s.spec.top_p for _, s in entries], torch.float32)
-        uniform = self._host([s.rng.random() for _, s in entries], torch.float32)
-        choice = nucleus_pick(scores, temperature, top_p, uniform)  # [n]
-        token_ids = ids.gather(1, choice[:, None]).squeeze(1)  # [n]
+    def _apply_fused(self, logits: torch.Tensor, step: _Step, f: int, penalised: bool) -> None:
+        rows, slots = step.rows[:f], step.slots[:f]
+        scores, ids = gather_candidates(logits, rows, slots, step.eos_ok[:f])  # [f, C]
+        if penalised:
+            self.seen.view(-1).index_fill_(0, step.marks, True)
+            penalise(scores, self.seen[step.homes, slots], step.penalty)  # seen: [f, 4096]
+        choice = nucleus_pick(scores, step.temperature, step.top_p, step.uniform)  # [f]
+        token_ids = ids.gather(1, choice[:, None]).squeeze(1)  # [f]
         logits.index_fill_(0, rows, float("-inf"))
         logits[rows, token_ids] = 0.0
-
-    def _apply_mask(self, logits: torch.Tensor, entries: list[tuple[int, _RowState]]) -> None:
-        rows, slots, eos_ok = self._layout(entries)
-        scores, ids = gather_candidates(logits, rows, slots, eos_ok)  # [n, C]
-        logits.index_fill_(0, rows, float("-inf"))
-        logits[rows[:, None], ids] = scores.to(logits.dtype)

@@ -169,8 +169,8 @@ def test_placeholder_never_hides_a_token_from_the_penalty():
     proc.update_state(BatchUpdate(1, [], [(0, _params(seed=1, repetition_penalty=1e6, temperature=0.0), [], out)], []))
     state = proc.rows[0]
     out.append(PLACEHOLDER)  # async scheduling: sampled, not yet copied back
-    state.refresh_seen()
-    assert state.consumed == 1
+    assert state.unseen_codes() == [audio_id(0, 11) - AUDIO_BASE]
+    assert state.consumed == 1 and state.unseen_codes() == []  # stops at the placeholder until it is resolved
     out[-1] = audio_id(1, 22)  # vLLM fills it in before the next apply
     out.extend(audio_id(s, 0) for s in range(2, 7))
     out.extend([audio_id(0, 1)])
@@ -185,3 +185,78 @@ def test_placeholder_never_hides_a_token_from_the_penalty():
 def test_bad_specs_are_rejected_at_admission(bad):
     with pytest.raises(ValueError):
         SlotConstrainedSampler.validate_params(_params(**bad))
+
+
+def _mixed_batch(n: int) -> tuple[SlotConstrainedSampler, list[list[int]]]:
+    proc = _processor()
+    outputs = [[audio_id(k % 7, (5 * i + k) % CODEBOOK_SIZE) for k in range(i)] for i in range(n)]
+    proc.update_state(BatchUpdate(n, [], [(i, _params(seed=i, mode="mask" if i % 3 == 2 else "fused"), [], out)
+                                          for i, out in enumerate(outputs)], []))
+    return proc, outputs
+
+
+def _count_calls(monkeypatch, owner, names: tuple[str, ...], counts: dict[str, int]) -> None:
+    for name in names:
+        original = getattr(owner, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            counts[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+
+def _calls_per_apply(monkeypatch, n: int, steps: int = 3) -> dict[str, int]:
+    """Tensor-making and tensor-writing calls made by `steps` applies over a batch of n rows."""
+    proc, outputs = _mixed_batch(n)
+    counts = dict.fromkeys(("tensor", "as_tensor", "from_numpy", "to", "copy_", "__setitem__", "index_put_"), 0)
+    with monkeypatch.context() as patch:
+        _count_calls(patch, torch, ("tensor", "as_tensor", "from_numpy"), counts)
+        _count_calls(patch, torch.Tensor, ("to", "copy_", "__setitem__", "index_put_"), counts)
+        for _ in range(steps):
+            logits = torch.randn(n, VOCAB_SIZE)
+            proc.apply(logits)
+            for i, out in enumerate(outputs):
+                out.append(int(logits[i].argmax()) if i % 3 != 2 else audio_id(len(out) % 7, 0))
+    return counts
+
+
+def test_one_host_to_device_copy_per_step_whatever_the_batch(monkeypatch):
+    """Per-row parameters travel in one packed array: one tensor made from host data per step, and
+    no tensor call is made once per row (a per-row copy or write would scale with the batch). 20
+    rows also outgrow the seen table's default capacity."""
+    small, large = _calls_per_apply(monkeypatch, 8), _calls_per_apply(monkeypatch, 20)
+    assert small["tensor"] + small["as_tensor"] + small["from_numpy"] == 3  # one per step
+    assert small == large
+
+
+def test_requests_keep_their_own_penalty_history_in_a_shared_batch():
+    """Each request's seen codes stay its own when many share (and outgrow) the seen table and
+    rows are handed to new requests (which reuse freed table rows): every request's tokens in the
+    batch equal its tokens sampled alone."""
+    def logits_for(request: int, k: int) -> torch.Tensor:
+        return torch.randn(VOCAB_SIZE, generator=torch.Generator().manual_seed(1000 * request + k))
+
+    def run(batch: list[int], steps: int, arrivals: dict[int, tuple[int, int]]) -> dict[int, list[int]]:
+        """arrivals: step -> (batch row, new request) replacing that row's request before the step."""
+        proc, outs, where = _processor(), {}, {}
+
+        def add(row: int, request: int) -> BatchUpdate:
+            outs[request] = []
+            where[row] = request
+            return BatchUpdate(len(batch), [], [(row, _params(seed=request, repetition_penalty=3.0), [], outs[request])], [])
+
+        for row, request in enumerate(batch):
+            proc.update_state(add(row, request))
+        for step in range(steps):
+            if step in arrivals:
+                proc.update_state(add(*arrivals[step]))
+            logits = torch.stack([logits_for(where[row], len(outs[where[row]])) for row in range(len(batch))])
+            proc.apply(logits)
+            for row in range(len(batch)):
+                outs[where[row]].append(int(logits[row].argmax()))
+        return outs
+
+    together = run(list(range(12)), 24, {10: (0, 99), 12: (1, 98)})  # 98 reuses request 0's freed row
+    for request in (0, 5, 11, 98, 99):
+        assert together[request] == run([request], len(together[request]), {})[request]
