@@ -247,7 +247,7 @@ class Ring:
         first node within the bound. While the fleet is nearly idle no node may satisfy that
         strictly (the bound is below 1), so a second pass uses Mirrokni et al.'s integer capacity,
         `load < ceil(c × (total + 1) × w / W)`, which some node always meets. Nodes in `exclude`
-        are skipped; raises EmptyRing when every node is excluded.
+        are skipped and left out of `total` and `W`; raises EmptyRing when every node is excluded.
         """
         if c < 1:
             raise ValueError(f"balance factor c must be >= 1, got {c}")
@@ -256,10 +256,16 @@ class Ring:
         weights = self._weights
         if not weights:
             raise EmptyRing("the ring has no nodes: register a worker or undrain one")
-        total = 0.0
-        for nid in weights:
-            total += loads.get(nid, 0)
-        per_weight = c * (total + 1) / sum(weights.values())
+        # The bound is over the nodes that may take this unit: an excluded node's load and weight
+        # in the mean would make it unmeetable while the others still have room.
+        total, live_weight = 0.0, 0.0
+        for nid, weight in weights.items():
+            if nid not in exclude:
+                total += loads.get(nid, 0)
+                live_weight += weight
+        if not live_weight:
+            raise EmptyRing("every worker in the ring is excluded for this request (full or failed); retry shortly")
+        per_weight = c * (total + 1) / live_weight
         start = self._start(hash_key(key))
         order = self._walk(start, replicas)
         for strict in (True, False):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-LIGHT_MODULES = ["voicering.cli", "gpu_worker.protocol", "gpu_worker.client", "gpu_worker.orpheus", "hashring", "silence_trim"]
+LIGHT_MODULES = ["voicering.cli", "gpu_worker.protocol", "gpu_worker.client", "gpu_worker.pool", "gpu_worker.routers", "gpu_worker.adapters", "gpu_worker.orpheus", "hashring", "silence_trim"]
 
 
 @pytest.mark.parametrize("module", LIGHT_MODULES)

@@ -207,3 +207,12 @@ def test_single_removal_or_addition_moves_about_one_nth():
     assert moves.on_remove <= 1.2 / 64
     assert moves.on_add <= 1.2 / 65
     assert moves.on_remove >= 0.8 / 64
+
+
+def test_the_load_bound_is_over_the_nodes_not_excluded():
+    """Regression: with excluded nodes counted in the mean, the bound could not be met by anyone
+    left, and choose() raised EmptyRing though a node had room."""
+    ring = Ring(["a", "b", "c"])
+    assert ring.choose("leo", {"a": 1}, exclude={"b", "c"}) == "a"
+    with pytest.raises(EmptyRing):
+        ring.choose("leo", {}, exclude={"a", "b", "c"})
