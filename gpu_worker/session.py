@@ -217,6 +217,7 @@ class Utterance:
                     raise WorkerError("no adapter cache configured to resolve voices")
                 self.voice = await self.deps.adapters.acquire(self.voice_id)
                 acquired = True
+                self._last_activity = time.monotonic()  # loading a voice is not idling
             segments = 0
             while (item := await self._next_segment()) is not _END:
                 text, chars = item
