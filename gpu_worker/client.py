@@ -107,8 +107,10 @@ class WorkerClient:
         self.connection_errors: list[Error | Rejected] = []  # errors and refusals not tied to a live stream
 
     @classmethod
-    async def connect(cls, url: str, *, open_timeout: float = 10.0) -> WorkerClient:
-        return cls(await connect(url, max_size=1 << 22, open_timeout=open_timeout))
+    async def connect(cls, url: str, *, open_timeout: float = 10.0, token: str | None = None) -> WorkerClient:
+        """``token``: the workers' cluster token, when they require one."""
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        return cls(await connect(url, max_size=1 << 22, open_timeout=open_timeout, additional_headers=headers))
 
     async def start(self, voice: str, text: str = "", *, options: UtteranceOptions | None = None,
                     context_id: str | None = None) -> UtteranceStream:

@@ -48,6 +48,8 @@ class WorkerMetrics:
                                 ["reason"], registry=r)
         self.refused_messages = Counter(f"{PREFIX}_refused_messages", "Client messages refused without ending a context, by code",
                                         ["code"], registry=r)
+        self.proxied = Counter(f"{PREFIX}_proxied", "Utterances relayed to the voice's owner, by outcome (completed, "
+                               "cancelled or the error code)", ["outcome"], registry=r)
         self.engine_requests = Counter(f"{PREFIX}_engine_requests", "Engine requests by how they ended: end_of_speech, "
                                        "length (the token cap cut the audio short) or aborted", ["finish"], registry=r)
         self.active_streams = Gauge(f"{PREFIX}_active_streams", "Utterances in progress", registry=r)

@@ -61,6 +61,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
@@ -109,6 +110,8 @@ class PoolSettings:
     ejection_max_s: float = 300.0
     max_ejected_share: float = 0.1  # of the workers known to the router; at least one
     max_message_bytes: int = 1 << 22
+    address: Literal["ws_url", "proxy_url"] = "ws_url"  # which registered address to dial (workers use proxy_url)
+    token: str | None = None  # the cluster token, sent as `Authorization: Bearer` on every dial
 
     def __post_init__(self) -> None:
         if self.max_connections_per_peer < 1 or self.max_attempts < 1 or self.consecutive_errors < 1:
@@ -198,9 +201,14 @@ class WorkerPool:
 
     # -- what callers use -------------------------------------------------------------------------
 
-    async def start(self, voice: str, text: str = "", *, options: UtteranceOptions | None = None) -> PoolStream:
-        """Open an utterance on the worker routing picks (dialing it if needed)."""
-        stream = PoolStream(self, voice, Start(uuid.uuid4().hex[:16], voice, text, options or UtteranceOptions()))
+    async def start(self, voice: str, text: str = "", *, options: UtteranceOptions | None = None,
+                    proxied_by: str | None = None, exclude: Collection[str] = ()) -> PoolStream:
+        """Open an utterance on the worker routing picks (dialing it if needed).
+
+        ``proxied_by``: the hop marker a forwarding worker sets (its own id); ``exclude``: workers
+        never to use for it (a forwarding worker excludes itself)."""
+        start = Start(uuid.uuid4().hex[:16], voice, text, options or UtteranceOptions(), proxied_by=proxied_by)
+        stream = PoolStream(self, voice, start, exclude)
         await stream._open(None)
         return stream
 
@@ -219,7 +227,7 @@ class WorkerPool:
         if isinstance(target, str):
             infos = list(self.router.owners(target))
         else:
-            known = {info.ws_url: info for info in self.router.workers()}
+            known = {self._address(info): info for info in self.router.workers()}
             infos = [known.get(url) or WorkerInfo(url, url, url) for url in target]
         results = await asyncio.gather(*(self._dial(self._peer(info), min_links=1) for info in infos),
                                        return_exceptions=True)
@@ -264,7 +272,7 @@ class WorkerPool:
         peer = self._peers.get(info.id)
         if peer is None:
             peer = self._peers[info.id] = _Peer(info)
-        elif peer.info.ws_url != info.ws_url:  # re-registered elsewhere: new utterances use the new address
+        elif self._address(peer.info) != self._address(info):  # re-registered elsewhere: new utterances use the new address
             peer.info = info
             for link in peer.links:
                 link.retiring = True
@@ -298,6 +306,13 @@ class WorkerPool:
                 return link
         return await self._dial(peer)
 
+    def _address(self, info: WorkerInfo) -> str:
+        return info.proxy_url if self.settings.address == "proxy_url" else info.ws_url
+
+    @property
+    def _headers(self) -> dict[str, str] | None:
+        return {"Authorization": f"Bearer {self.settings.token}"} if self.settings.token else None
+
     async def _dial(self, peer: _Peer, *, min_links: int | None = None) -> _Link | None:
         async with peer.dial_lock:  # concurrent utterances wait for one dial instead of each making one
             live = [link for link in peer.links if not link.retiring]
@@ -316,8 +331,8 @@ class WorkerPool:
                 await asyncio.sleep(delay)
             peer.dials += 1
             try:
-                ws = await connect(peer.info.ws_url, open_timeout=self.settings.open_timeout_s,
-                                   max_size=self.settings.max_message_bytes)
+                ws = await connect(self._address(peer.info), open_timeout=self.settings.open_timeout_s,
+                                   max_size=self.settings.max_message_bytes, additional_headers=self._headers)
             except (OSError, TimeoutError, WebSocketException) as exc:
                 self._dial_failed(peer, exc)
                 raise
@@ -339,7 +354,7 @@ class WorkerPool:
         peer.dial_failures += 1
         backoff = min(s.reconnect_max_s, s.reconnect_base_s * 2 ** (peer.dial_failures - 1))
         peer.next_dial_at = time.monotonic() + backoff * random.uniform(0.8, 1.2)
-        log.warning("worker %s at %s: connect failed (%s)", peer.id, peer.info.ws_url, type(exc).__name__ + f": {exc}")
+        log.warning("worker %s at %s: connect failed (%s)", peer.id, self._address(peer.info), type(exc).__name__ + f": {exc}")
         self._eject(peer, f"connect failed: {type(exc).__name__}")
 
     def _failed(self, peer: _Peer, why: str) -> None:
@@ -412,13 +427,13 @@ class PoolStream:
     """One utterance through the pool: push/flush/end/cancel, then iterate `audio()`; `done` holds
     the worker's stats. `worker_id` is the worker serving it now, `attempts` the tries so far."""
 
-    def __init__(self, pool: WorkerPool, voice: str, start: Start) -> None:
+    def __init__(self, pool: WorkerPool, voice: str, start: Start, exclude: Collection[str] = ()) -> None:
         self._pool = pool
         self.voice = voice
         self._log: list[ClientMessage] | None = [start]  # replayed on a retry; dropped at the first audio
         self._lock = asyncio.Lock()
         self._attempt: _Attempt | None = None
-        self._tried: set[str] = set()
+        self._tried: set[str] = set(exclude)
         self._cancelled = False
         self.attempts = 0
         self.done: Done | None = None

@@ -40,6 +40,7 @@ class Start:
     voice: str
     text: str = ""
     options: UtteranceOptions = field(default_factory=UtteranceOptions)
+    proxied_by: str | None = None  # hop marker: the entry worker that forwarded it (an owner never forwards again)
     type: Literal["start"] = "start"
 
 
@@ -88,6 +89,8 @@ class UtteranceStats:
     head_silence_dropped_ms: float = 0.0
     engine_requests: int = 0  # a long segment is spoken as several engine requests, in order
     finish_reason: Literal["end_of_speech", "length", ""] = ""  # "length": some request hit its token cap (audio cut)
+    served_by: str = ""  # the worker whose engine spoke it
+    proxied: bool = False  # it reached that worker through another worker (wrong-worker proxy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +255,9 @@ def _parse_payload(payload: dict[str, Any], kind: str | None, context_id: str | 
             raise BadRequest("start needs a non-empty 'voice'")
         if not _valid_unicode(voice) or len(voice.encode()) > MAX_VOICE_ID_BYTES:
             raise BadRequest(f"'voice' must be valid Unicode of at most {MAX_VOICE_ID_BYTES} bytes")
+        hop = payload.get("proxied_by")
+        if hop is not None and _context_id(hop) is None:  # a worker id: same shape as a context id
+            raise BadRequest(f"'proxied_by' must be a worker id of at most {MAX_CONTEXT_ID_BYTES} bytes")
         options = payload.get("options") or {}
         if not isinstance(options, dict):
             raise BadRequest("'options' must be an object")

@@ -19,6 +19,9 @@ Back-pressure:
   with 1008 "slow consumer" (or aborted if even that cannot be written), a log line and the
   ``slow_consumer`` metric record it, and no other connection waits on it.
 
+With a cluster token set, the websocket handshake, /metrics and /prewarm need
+``Authorization: Bearer <token>`` (401 otherwise); /health stays open for probes.
+
 HTTP on the same port: ``GET /health`` (liveness and load counts; cheap, no store walk),
 ``GET /metrics`` (Prometheus text), ``GET /prewarm?voice=a&voice=b`` (starts loading voices in the
 background, 202 with an operation id) and ``GET /prewarm/<id>`` (its per-voice status).
@@ -27,6 +30,7 @@ background, 202 with an operation id) and ``GET /prewarm/<id>`` (its per-voice s
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import socket
@@ -43,6 +47,7 @@ from gpu_worker.errors import BacklogFull, BadMessage, BadRequest, Busy, EmptyTe
 from gpu_worker.prewarm import PrewarmBusy, Prewarms
 from gpu_worker.protocol import (MAX_VOICE_ID_BYTES, AudioChunk, Cancel, ClientMessage, Done, End, Error, Flush, PushText, Rejected, Start,
                                  UtteranceStats, encode, parse_client)
+from gpu_worker.proxy import Forwarder, ProxiedUtterance
 from gpu_worker.session import Backlog, SessionDeps, Utterance
 from gpu_worker.settings import WorkerSettings
 
@@ -90,10 +95,12 @@ class _Connection:
 
 
 class WorkerServer:
-    def __init__(self, settings: WorkerSettings, deps: SessionDeps) -> None:
+    def __init__(self, settings: WorkerSettings, deps: SessionDeps, forwarder: Forwarder | None = None) -> None:
         self.settings = settings
         self.deps = deps
-        self.active = 0
+        self.forwarder = forwarder  # set once the worker has joined the ring: voices it does not own are relayed
+        self.active = 0  # utterances this worker's engine speaks (its load in the ring)
+        self.relayed = 0  # utterances relayed to their owners
         self.prewarms = Prewarms(deps.adapters.prewarm) if deps.adapters is not None else None
         if deps.metrics is not None:
             deps.metrics.bind(active_streams=lambda: self.active)
@@ -103,15 +110,27 @@ class WorkerServer:
         engine_requests = self.deps.engine.unfinished_requests()
         adapters = self.deps.adapters
         return {"status": "ok", "worker_id": self.settings.worker_id, "active_streams": self.active,
+                "relayed_streams": self.relayed,
                 "max_streams": self.settings.max_streams, "engine_requests": engine_requests,
                 "engine_waiting": getattr(self.deps.engine, "waiting", None),
                 "codec_policy": getattr(self.deps.runner, "policy", None),
                 "adapters_resident": len(adapters.resident) if adapters is not None else 0}
 
+    def _authorized(self, request: Request) -> bool:
+        """With a cluster token set, every request but /health must carry it (constant-time compare)."""
+        token = self.settings.cluster_token
+        if not token:
+            return True
+        given = request.headers.get("Authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         url = urlsplit(request.path)
         if url.path == "/health":
             return _json(HTTPStatus.OK, self.health())
+        if not self._authorized(request):
+            return _json(HTTPStatus.UNAUTHORIZED, {"error": "this worker needs its cluster token: "
+                                                            "'Authorization: Bearer <token>'"})
         if url.path == "/metrics":
             if self.deps.metrics is None:
                 return _response(HTTPStatus.NOT_FOUND, b"metrics are off on this worker\n", "text/plain")
@@ -241,8 +260,12 @@ class WorkerServer:
                 raise BadRequest(f"context '{message.context_id}' is already active on this connection; "
                                  "this start was ignored and the live context carries on")
             try:
-                self._admit(conn)
-                utterance = Utterance(message, self.deps, conn.send, backlog=conn.backlog)
+                relay = self.forwarder is not None and self.forwarder.should_forward(message)
+                self._admit(conn, relay=relay)
+                if relay:
+                    utterance = ProxiedUtterance(message, self.deps, conn.send, self.forwarder, backlog=conn.backlog)
+                else:
+                    utterance = Utterance(message, self.deps, conn.send, backlog=conn.backlog)
             except WorkerError as exc:  # the context never opened: this error is its end
                 await conn.send(Error(exc.code, exc.message, exc.retryable, message.context_id))
                 return
@@ -278,12 +301,17 @@ class WorkerServer:
             await conn.send(Error(exc.code, exc.message, exc.retryable if retryable is None else retryable,
                                   utterance.context_id))
 
-    def _admit(self, conn: _Connection) -> None:
+    def _admit(self, conn: _Connection, *, relay: bool) -> None:
+        """``max_streams`` bounds what this worker's engine speaks; relayed utterances cost it only a
+        relay, so they have a bound of their own (``max_relayed_streams``)."""
         limit = self.settings.connection_stream_limit()
         reason, message = None, ""
-        if self.active >= self.settings.max_streams:
+        if not relay and self.active >= self.settings.max_streams:
             reason = "busy"
             message = f"worker is at its limit of {self.settings.max_streams} concurrent streams; try another replica"
+        elif relay and self.relayed >= self.settings.relay_stream_limit():
+            reason = "busy"
+            message = f"worker relays at most {self.settings.relay_stream_limit()} streams at once; try another worker"
         elif conn.live_count() >= limit:
             reason = "connection_limit"
             message = (f"this connection holds {limit} streams, its share of the worker's {self.settings.max_streams}; "
@@ -294,11 +322,18 @@ class WorkerServer:
             raise Busy(message)
 
     def _launch(self, conn: _Connection, utterance: Utterance) -> None:
-        self.active += 1
+        relayed = isinstance(utterance, ProxiedUtterance)
+        if relayed:
+            self.relayed += 1
+        else:
+            self.active += 1
         task = asyncio.create_task(utterance.run(), name=f"ctx-{utterance.context_id}")
 
         def finished(_: asyncio.Task) -> None:  # runs even if the task was cancelled before it started
-            self.active -= 1
+            if relayed:
+                self.relayed -= 1
+            else:
+                self.active -= 1
             utterance.release()
             if conn.contexts.get(utterance.context_id, (None, None))[1] is task:
                 del conn.contexts[utterance.context_id]

@@ -74,6 +74,7 @@ class SessionDeps:
     trim_factory: Callable[[], object] | None = None  # builds a streaming head-silence trimmer
     adapters: AdapterCache | None = None  # resolves voices and loads their adapters
     metrics: WorkerMetrics | None = None
+    worker_id: str = ""  # reported as `served_by` in every `done`
 
 
 class Utterance:
@@ -85,6 +86,7 @@ class Utterance:
         ``backlog``: the connection's shared character budget (None: this context's limits only)."""
         self.context_id = start.context_id
         self.voice_id = start.voice
+        self.proxied = start.proxied_by is not None
         self.voice = voice
         self._log = ContextLog(log, {"context_id": start.context_id, "voice": start.voice})
         self.deps = deps
@@ -249,6 +251,7 @@ class Utterance:
                 invalid_tokens=stats.invalid_tokens, segments=segments, wall_s=round(wall, 4),
                 rtf=round(wall / audio_s, 4) if audio_s else None, head_silence_dropped_ms=round(dropped_ms, 1),
                 engine_requests=stats.requests, finish_reason="length" if stats.cut_by_length else "end_of_speech",
+                served_by=self.deps.worker_id, proxied=self.proxied,
             )
             outcome = "completed"
             if stats.cut_by_length:

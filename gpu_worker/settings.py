@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from gpu_worker.adapters.cache import DEFAULT_RECONCILE_S
 from gpu_worker.adapters.store import DEFAULT_CACHE_MAX_BYTES, DEFAULT_REVALIDATE_S
 from gpu_worker.engine import EngineSettings, SamplingOptions
+from hashring.settings import RingSettings
 
 _ENGINE = EngineSettings(model="")
 _SAMPLING = SamplingOptions()
@@ -55,6 +56,8 @@ class WorkerSettings(BaseSettings):
     max_streams_per_connection: int | None = Field(
         None, ge=1, description="utterances one connection may hold at once (default: half of max_streams), "
                                 "so one client cannot take every slot")
+    max_relayed_streams: int | None = Field(None, ge=1, description="utterances relayed to their owners at once "
+                                                                   "(default: 4 x max_streams)")
     # per-context and per-connection limits on text (checked before anything is buffered)
     max_text_chars: int = Field(4096, ge=1, description="characters buffered before a flush (one segment)")
     max_queued_segments: int = Field(16, ge=1, description="flushed segments waiting to be spoken, per context")
@@ -78,6 +81,11 @@ class WorkerSettings(BaseSettings):
     # hash ring membership: register and heartbeat when a Redis URL is given
     redis_url: str | None = Field(None, description="join the voicering hash ring in this Redis")
     advertise_url: str | None = Field(None, description="websocket URL clients use (default ws://host:port)")
+    internal_url: str | None = Field(None, description="websocket URL other workers' proxies dial (default: advertise_url)")
+    ring_prefix: str = Field(RingSettings().prefix, description="Redis key prefix of the ring (every process of a fleet agrees)")
+    cluster_token: str | None = Field(None, description="required as 'Authorization: Bearer' on websockets, /metrics "
+                                                        "and /prewarm; sent on the proxy's links (/health stays open)")
+    drain_grace_s: float = Field(30.0, ge=0, description="on SIGTERM: how long active streams may finish while draining")
     # back-pressure: messages queued per connection; a stream that cannot queue for slow_consumer_s cuts it
     send_queue: int = Field(256, ge=1)
     slow_consumer_s: float = Field(5.0, gt=0, description="longest one message may wait to be queued or written "
@@ -90,3 +98,6 @@ class WorkerSettings(BaseSettings):
 
     def connection_stream_limit(self) -> int:
         return self.max_streams_per_connection or max(1, self.max_streams // 2)
+
+    def relay_stream_limit(self) -> int:
+        return self.max_relayed_streams or 4 * self.max_streams

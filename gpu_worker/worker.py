@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 
 from gpu_worker.adapters import AdapterCache, AdapterStore
+from gpu_worker.cluster import drain, join_cluster
 from gpu_worker.codec import SnacCodec, set_cpu_threads
 from gpu_worker.engine import EngineSettings, SamplingOptions, SpeechEngine
 from gpu_worker.orpheus import SAMPLE_RATE
@@ -53,25 +53,6 @@ def trim_factory(settings: WorkerSettings) -> Callable[[], object] | None:
     return lambda: StreamTrimmer(SAMPLE_RATE, options)
 
 
-@asynccontextmanager
-async def ring_membership(settings: WorkerSettings, load: Callable[[], int]) -> AsyncIterator[None]:
-    """Register in the hash ring and heartbeat this worker's load while serving (no-op without Redis)."""
-    if not settings.redis_url:
-        yield
-        return
-    from hashring import RingSettings
-    from hashring.membership import Heartbeat
-    from hashring.records import WorkerInfo
-    from hashring.store import RingStore
-
-    url = settings.advertise_url or f"ws://{settings.host}:{settings.port}"
-    # No internal proxy listener exists yet: the proxy address is the websocket address for now.
-    info = WorkerInfo(settings.worker_id, url, url, capacity=settings.max_streams)
-    async with RingStore(RingSettings(redis_url=settings.redis_url)) as store, Heartbeat(store, info, load=load):
-        log.info("worker %s joined the hash ring", settings.worker_id)
-        yield
-
-
 def adapter_store(settings: WorkerSettings) -> AdapterStore:
     return AdapterStore(settings.voices_url or settings.voices_dir, max_rank=settings.max_lora_rank,
                         base_voices=settings.base_voices, base_model=settings.base_model or settings.model,
@@ -101,14 +82,19 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
     metrics.bind(engine_queue=lambda: engine.waiting, codec_queue=lambda: runner.pending,
                  adapters_resident=lambda: len(adapters.resident))
     deps = SessionDeps(engine, runner, sampling_defaults(settings), context_limits(settings),
-                       trim_factory=trim_factory(settings), adapters=adapters, metrics=metrics)
+                       trim_factory=trim_factory(settings), adapters=adapters, metrics=metrics, worker_id=settings.worker_id)
     server = WorkerServer(settings, deps)
     if settings.prewarm_voices:
         report = await adapters.prewarm(settings.prewarm_voices)
         log.info("prewarmed voices: %s", report, extra={"prewarm": report})
+    if not settings.cluster_token and settings.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("worker listens on %s without a cluster token: anyone who reaches it can speak, prewarm and read "
+                    "metrics (set VOICERING_WORKER_CLUSTER_TOKEN)", settings.host)
     ws_server = await server.serve()
-    membership = ring_membership(settings, load=lambda: server.active)
-    await membership.__aenter__()
+    membership = join_cluster(settings, load=lambda: server.active)
+    cluster = await membership.__aenter__()
+    if cluster is not None:
+        server.forwarder = cluster.forwarder
     log.info("worker %s listening on ws://%s:%d (codec %s)", settings.worker_id, settings.host, settings.port, runner.policy)
     print(f"voicering worker ready on ws://{settings.host}:{settings.port}", flush=True)
     if ready is not None:
@@ -116,6 +102,8 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
     try:
         await stop.wait()
     finally:
+        if cluster is not None:
+            await drain(cluster, lambda: server.active + server.relayed, settings.drain_grace_s)
         await membership.__aexit__(None, None, None)
         ws_server.close()
         await ws_server.wait_closed()

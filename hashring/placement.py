@@ -16,23 +16,34 @@ workers there are (`Placement.clamped`, and a warning from the CLI): the fleet m
 the operator's intent should survive a worker restart.
 
 The functions here are pure over a `RingView`; `ReplicaControl` is the part that writes Redis.
+Two background helpers drive it from a serving process: `HeatRecorder` counts requests without
+a Redis round trip on the request path (flushed in batches), and `CoolLoop` runs
+`ReplicaControl.cool()` periodically on exactly one process of the fleet at a time (a Redis lease).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
+import secrets
+from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from hashring.errors import EmptyRing, InvalidReplicas
+from hashring.errors import EmptyRing, InvalidReplicas, RingError
+from hashring.membership import _stop, _Streak
 from hashring.records import RingView, WorkerInfo, check_voice_id
 from hashring.settings import RingSettings
 from hashring.store import RingStore, rate_of
 
 __all__ = [
+    "COOL_LOCK",
     "MAX_REPLICAS",
+    "CoolLoop",
+    "HeatRecorder",
     "Placement",
     "ReplicaControl",
     "auto_replicas",
@@ -45,6 +56,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_REPLICAS: Final = 64
+COOL_LOCK: Final = "cool"  # the lease name (key P:lock:cool) the cool loops of a fleet share
 
 
 def check_replicas(replicas: int) -> int:
@@ -134,6 +146,10 @@ class ReplicaControl:
         self._store = store
         self._settings = store.settings
 
+    @property
+    def store(self) -> RingStore:
+        return self._store
+
     async def scale(self, voice: str, replicas: int | None) -> int:
         """Set the operator floor of `voice` (None removes it); returns the new epoch, 0 if unchanged."""
         check_voice_id(voice)
@@ -166,3 +182,185 @@ class ReplicaControl:
             log.info("voice %r: %.1f req/s, automatic replicas %d -> %d", voice, rate, current or 1, want)
             return want
         return current or 1  # another process changed it first; its value stands
+
+
+class HeatRecorder:
+    """Counts requests per voice for the autoscaler off the request path.
+
+    `record(voice)` is synchronous and never touches Redis: it adds to an in-memory count. One
+    task (this object's) flushes the counts every `flush_interval_s` with one
+    `ReplicaControl.record(voice, n)` per voice; `aclose()` stops it and flushes what is left.
+    At most `max_voices` distinct voices wait between flushes; requests for further voices are
+    counted in `dropped` instead (bounded memory when Redis is slow). A flush that fails (Redis
+    down) drops its counts: they are a rate signal, and replaying old counts later would inflate
+    the current rate. `async with HeatRecorder(control) as heat: heat.record("tara")`
+    """
+
+    def __init__(self, control: ReplicaControl, *, flush_interval_s: float = 0.5, max_voices: int = 10_000) -> None:
+        if flush_interval_s <= 0 or max_voices < 1:
+            raise ValueError("flush_interval_s must be > 0 and max_voices >= 1")
+        self._control = control
+        self.flush_interval_s = flush_interval_s
+        self.max_voices = max_voices
+        self._pending: Counter[str] = Counter()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._streak = _Streak("request-rate flush to Redis (counts of failed flushes are dropped)")
+        self.flushed = 0  # requests written to Redis
+        self.flushes = 0  # flushes that wrote at least one voice
+        self.dropped = 0  # requests not counted: over max_voices, or lost with a failed flush
+
+    @property
+    def pending(self) -> int:
+        """Requests counted but not flushed yet."""
+        return sum(self._pending.values())
+
+    @property
+    def last_error(self) -> Exception | None:
+        """Why the latest flush failed; None once one succeeds."""
+        return self._streak.error
+
+    def record(self, voice: str, count: int = 1) -> None:
+        """Count `count` requests for `voice` (raises InvalidVoiceId for an unusable id)."""
+        check_voice_id(voice)
+        if voice not in self._pending and len(self._pending) >= self.max_voices:
+            self.dropped += count
+            return
+        self._pending[voice] += count
+
+    async def start(self) -> None:
+        self._closing = False
+        self._task = asyncio.create_task(self._run(), name="ring-heat-flush")
+
+    async def flush(self) -> None:
+        """Write the pending counts now (one attempt per voice; the rest is dropped on a failure)."""
+        batch, self._pending = self._pending, Counter()
+        written = 0
+        try:
+            for voice, count in batch.items():
+                await self._control.record(voice, count)
+                written += count
+        except Exception as exc:  # kept by the streak and logged: the flushing task must live on
+            self.dropped += sum(batch.values()) - written
+            self._streak.failed(exc)
+        else:
+            if batch:
+                self._streak.ok()
+        finally:
+            self.flushed += written
+            self.flushes += written > 0
+
+    async def aclose(self) -> None:
+        """Stop the flushing task, then flush what was counted since its last turn."""
+        self._closing = True
+        task, self._task = self._task, None
+        if task is not None:
+            await _stop(task)
+        await self.flush()
+
+    async def __aenter__(self) -> HeatRecorder:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _run(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self.flush_interval_s)
+            await self.flush()  # never raises
+
+
+class CoolLoop:
+    """Runs `ReplicaControl.cool()` every `interval_s` on one process of the fleet at a time.
+
+    Every process that runs a CoolLoop competes for one Redis lease (`COOL_LOCK`, SET NX PX with
+    a random token). The holder renews it on each tick (compare-and-expire) and cools; the others
+    just try to take it, so the fleet cools once per interval, not once per process. The lease
+    lasts `lease_s` (3 intervals by default, at least one plus two Redis timeouts): a holder that dies silently is replaced within that,
+    one that closes releases it (compare-and-delete, so it never deletes a lease someone else took
+    after its own expired) and is replaced on the next tick of another. A failed renew or a Redis
+    error skips that tick (the next renew tells whether the lease is still ours); nothing ends the
+    task but `aclose()`.
+    `async with CoolLoop(ReplicaControl(store), interval_s=5):`
+    """
+
+    def __init__(self, control: ReplicaControl, *, interval_s: float = 5.0, lease_s: float | None = None) -> None:
+        store = control.store
+        if lease_s is None:
+            lease_s = max(3 * interval_s, interval_s + 2 * store.settings.redis_timeout_s)
+        if interval_s <= 0 or lease_s <= interval_s + store.settings.redis_timeout_s:
+            raise ValueError("interval_s must be > 0 and lease_s longer than interval_s + redis_timeout_s, "
+                             "or the lease lapses between the holder's renewals")
+        self._control = control
+        self._store = store
+        self.interval_s = interval_s
+        self.lease_s = lease_s
+        self.token = secrets.token_hex(16)
+        self._holding = False
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._streak = _Streak("replica cooling")
+        self.cools = 0  # cool() runs completed by this process
+        self.changed: dict[str, int] = {}  # what the latest cool() changed: voice -> new automatic count
+        self.lowered = 0  # automatic counts this process changed in total
+
+    @property
+    def holding(self) -> bool:
+        """True while this process holds the cool lease (as of its latest tick)."""
+        return self._holding
+
+    @property
+    def last_error(self) -> Exception | None:
+        """Why the latest tick failed; None once one succeeds."""
+        return self._streak.error
+
+    async def start(self) -> None:
+        self._closing = False
+        self._task = asyncio.create_task(self._run(), name="ring-cool")
+
+    async def aclose(self) -> None:
+        """Stop cooling and hand the lease back, so another process takes over on its next tick."""
+        self._closing = True
+        task, self._task = self._task, None
+        if task is not None:
+            await _stop(task)
+        if self._holding:
+            self._holding = False
+            with contextlib.suppress(RingError):  # unreachable: the lease simply expires
+                await self._store.release_lock(COOL_LOCK, self.token)
+
+    async def __aenter__(self) -> CoolLoop:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def tick(self) -> bool:
+        """Take or renew the lease and, holding it, cool once; True if this process cooled."""
+        store = self._store
+        if self._holding:
+            self._holding = await store.renew_lock(COOL_LOCK, self.token, self.lease_s)
+            if not self._holding:
+                log.info("the cool lease expired or was taken over; another process cools now")
+        if not self._holding:
+            self._holding = await store.acquire_lock(COOL_LOCK, self.token, self.lease_s)
+            if self._holding:
+                log.info("this process now cools the fleet's automatic replica counts every %.1f s", self.interval_s)
+        if not self._holding:
+            return False
+        self.changed = await self._control.cool()
+        self.cools += 1
+        self.lowered += len(self.changed)
+        return True
+
+    async def _run(self) -> None:
+        while not self._closing:
+            try:
+                await self.tick()
+            except Exception as exc:  # kept by the streak and logged: the task must live on
+                self._streak.failed(exc)
+            else:
+                self._streak.ok()
+            await asyncio.sleep(self.interval_s)

@@ -20,6 +20,8 @@ Key layout (P = settings.prefix, "voicering:ring" by default):
     P:auto         hash    voice id -> automatic replica count (hot voices only)
     P:heat:<hex>   string  decayed request counter of one voice, "<value> <server time>", with a TTL;
                            <hex> is the voice id's UTF-8 bytes in hex, so any voice id is a safe key
+    P:lock:<name>  string  a lease (`acquire_lock`): the holder's random token, with a PX expiry;
+                           "cool" is the autoscaler's, so one process of the fleet cools at a time
 """
 
 from __future__ import annotations
@@ -134,6 +136,16 @@ for i, key in ipairs(KEYS) do
 end
 return out"""
 
+# KEYS: lock   ARGV: token ttl_ms   Extends the lease only while `token` still holds it.
+_RENEW_LOCK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])"""
+
+# KEYS: lock   ARGV: token   Deletes the lease only while `token` still holds it (compare-and-delete).
+_RELEASE_LOCK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])"""
+
 # KEYS: workers heartbeats live draining load epoch replicas auto   ARGV: ttl_s forget_after_s channel
 # Reaps workers whose heartbeat is older than the TTL (out of `live`, epoch bumped) and forgets
 # those silent for forget_after_s, then returns the whole state in one atomic read.
@@ -184,9 +196,13 @@ class _Keys:
         self.replicas = f"{prefix}:replicas"
         self.auto = f"{prefix}:auto"
         self._heat = f"{prefix}:heat:"
+        self._lock = f"{prefix}:lock:"
 
     def heat(self, voice: str) -> str:
         return self._heat + voice.encode("utf-8").hex()
+
+    def lock(self, name: str) -> str:
+        return self._lock + name
 
 
 class Subscription:
@@ -232,6 +248,7 @@ class RingStore:
         self._deregister, self._drain = script(_DEREGISTER), script(_DRAIN)
         self._set_field, self._heat = script(_SET_FIELD), script(_HEAT)
         self._peek_heat, self._snapshot = script(_PEEK_HEAT), script(_SNAPSHOT)
+        self._renew_lock, self._release_lock = script(_RENEW_LOCK), script(_RELEASE_LOCK)
 
     @property
     def settings(self) -> RingSettings:
@@ -362,6 +379,28 @@ class RingStore:
             keys=[self.keys.heat(v) for v in voices], args=[self._settings.heat_half_life_s]))
         return {v: float(x) for v, x in zip(voices, values)}
 
+    # -- leases -----------------------------------------------------------------------------------
+
+    async def acquire_lock(self, name: str, token: str, ttl_s: float) -> bool:
+        """Take the lease `name` for `ttl_s` seconds (SET NX PX, Redis clock) unless someone holds
+        it; True if `token` holds it now. One attempt: a lease taken on a later tick is just as good."""
+        return bool(await self._call(self._client.set(self.keys.lock(name), token, nx=True, px=_ms(ttl_s))))
+
+    async def renew_lock(self, name: str, token: str, ttl_s: float) -> bool:
+        """Extend the lease to `ttl_s` from now if `token` still holds it; False if it expired or
+        someone else took it (then the caller must stop acting as the holder). One attempt."""
+        return bool(await self._call(self._renew_lock(keys=[self.keys.lock(name)], args=[token, _ms(ttl_s)])))
+
+    async def release_lock(self, name: str, token: str) -> bool:
+        """Give the lease back if `token` holds it (a lease that expired and was taken by another
+        process is left alone); True if it was released. One attempt."""
+        return bool(await self._call(self._release_lock(keys=[self.keys.lock(name)], args=[token])))
+
+    async def lock_holder(self, name: str) -> str | None:
+        """The token holding lease `name`, or None."""
+        raw = await self._call(self._client.get(self.keys.lock(name)))
+        return None if raw is None else raw.decode()
+
     # -- reads ------------------------------------------------------------------------------------
 
     async def snapshot(self) -> Snapshot:
@@ -415,6 +454,12 @@ class RingStore:
         start = loop.time()
         await self._call(self._client.ping())
         return loop.time() - start
+
+
+def _ms(seconds: float) -> int:
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"a lease needs a positive duration, got {seconds!r}")
+    return max(1, round(seconds * 1000))
 
 
 def _pairs(flat: list) -> Iterable[tuple[bytes, bytes]]:

@@ -1,0 +1,75 @@
+"""The worker as a member of the fleet: registered and heartbeating in the ring, watching it, and
+holding the pool its proxy uses to reach voice owners (dialing their internal address with the
+cluster token). Also the graceful drain:
+marked draining at once (no placement includes it, so new starts go to other owners and any it
+still receives are relayed), active streams get a grace period, then it leaves the ring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+
+from gpu_worker.pool import PoolSettings, WorkerPool
+from gpu_worker.proxy import Forwarder
+from gpu_worker.routers import RingRouter
+from gpu_worker.settings import WorkerSettings
+from hashring.membership import Heartbeat, RingWatcher
+from hashring.records import WorkerInfo
+from hashring.settings import RingSettings
+from hashring.store import RingStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    store: RingStore
+    heartbeat: Heartbeat
+    watcher: RingWatcher
+    pool: WorkerPool
+    forwarder: Forwarder
+    ring_settings: RingSettings
+
+
+def worker_info(settings: WorkerSettings) -> WorkerInfo:
+    url = settings.advertise_url or f"ws://{settings.host}:{settings.port}"
+    return WorkerInfo(settings.worker_id, url, settings.internal_url or url, capacity=settings.max_streams)
+
+
+@asynccontextmanager
+async def join_cluster(settings: WorkerSettings, load: Callable[[], int]) -> AsyncIterator[Cluster | None]:
+    """Join the ring while serving (None without Redis: a lone worker serves every voice itself)."""
+    if not settings.redis_url:
+        yield None
+        return
+    ring_settings = RingSettings(redis_url=settings.redis_url, prefix=settings.ring_prefix)
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(RingStore(ring_settings))
+        heartbeat = await stack.enter_async_context(Heartbeat(store, worker_info(settings), load=load))
+        watcher = await stack.enter_async_context(RingWatcher(store))
+        pool = await stack.enter_async_context(
+            WorkerPool(RingRouter(watcher, ring_settings), PoolSettings(address="proxy_url", token=settings.cluster_token)))
+        log.info("worker %s joined the hash ring", settings.worker_id)
+        yield Cluster(store, heartbeat, watcher, pool, Forwarder(settings.worker_id, watcher, ring_settings, pool),
+                      ring_settings)
+
+
+async def drain(cluster: Cluster, streams: Callable[[], int], grace_s: float) -> int:
+    """Mark this worker draining, then wait up to ``grace_s`` for its streams to end; returns how many
+    were still running when the grace period ran out (they are cancelled by the shutdown)."""
+    try:
+        await cluster.heartbeat.set_draining(True)
+    except Exception as exc:  # Redis away: the ring drops this worker when its heartbeat stops anyway
+        log.warning("could not mark this worker draining (%s); it leaves the ring when it stops", exc)
+    await cluster.watcher.refresh()  # its own view stops placing voices here at once: new starts are relayed
+    deadline = time.monotonic() + grace_s
+    while (left := streams()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    log.info("drained: %d stream(s) still running after the %.0f s grace period", left, grace_s,
+             extra={"left": left})
+    return left
