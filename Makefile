@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(VENV)/bin/voicering bench silence --json
 	$(VENV)/bin/voicering bench worker --json
 	$(VENV)/bin/voicering bench train --json
+	$(VENV)/bin/voicering bench proxy --json
 
 clean:
 	rm -rf $(VENV) out .cache

@@ -64,3 +64,15 @@ def ring(as_json: bool = typer.Option(False, "--json", help="Print one JSON obje
     from bench.ring import run
 
     _emit(run(), as_json)
+
+
+@app.command("proxy")
+def proxy(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    rounds: int = typer.Option(10, help="Direct and proxied utterances, one of each per round."),
+) -> None:
+    """Two real workers in one ring: TTFB direct vs relayed, time a chunk spends in the relay, warm
+    dials, and failover after SIGKILL of the owner."""
+    from bench.proxy import run
+
+    _emit(run(rounds=rounds), as_json)

@@ -59,6 +59,15 @@ class Speech:
     chunks: int
 
 
+async def collect(stream) -> Speech:  # noqa: ANN001 - any stream with end(), audio(), done and timestamps
+    """End a started stream's input and gather all of its audio (client and pool streams alike)."""
+    await stream.end()
+    chunks = [pcm async for pcm in stream.audio()]
+    assert stream.done is not None
+    ttfb = (stream.first_audio_at - stream.started_at) * 1000.0 if stream.first_audio_at else None
+    return Speech(b"".join(chunks), stream.done, ttfb, len(chunks))
+
+
 @dataclass(slots=True)
 class UtteranceStream:
     """The client side of one context: iterate PCM chunks, then `done` holds the worker's stats."""
@@ -122,12 +131,7 @@ class WorkerClient:
 
     async def say(self, voice: str, text: str, *, options: UtteranceOptions | None = None) -> Speech:
         """Speak one text and collect all of its audio."""
-        stream = await self.start(voice, text, options=options)
-        await stream.end()
-        chunks = [pcm async for pcm in stream.audio()]
-        assert stream.done is not None
-        ttfb = (stream.first_audio_at - stream.started_at) * 1000.0 if stream.first_audio_at else None
-        return Speech(b"".join(chunks), stream.done, ttfb, len(chunks))
+        return await collect(await self.start(voice, text, options=options))
 
     async def _send(self, message: object) -> None:
         try:

@@ -21,6 +21,8 @@ _RTF_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0, 4.0, 8.0, 16.0)
 _RATE_BUCKETS = (1, 2, 5, 10, 20, 40, 60, 83, 100, 150, 200, 400)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _LOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_RELAY_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05,
+                  0.1, 0.25)  # 1 ms and 5 ms are edges: the relay bench's targets are read exactly
 
 
 class WorkerMetrics:
@@ -48,6 +50,10 @@ class WorkerMetrics:
                                 ["reason"], registry=r)
         self.refused_messages = Counter(f"{PREFIX}_refused_messages", "Client messages refused without ending a context, by code",
                                         ["code"], registry=r)
+        self.relay_seconds = Histogram(f"{PREFIX}_relay_seconds", "Per relayed audio chunk: the pool's reader took it off "
+                                       "the owner's link -> re-tagged and queued to the caller's connection outbox "
+                                       "(the outbox wait and the socket write are not in it)",
+                                       buckets=_RELAY_BUCKETS, registry=r)
         self.proxied = Counter(f"{PREFIX}_proxied", "Utterances relayed to the voice's owner, by outcome (completed, "
                                "cancelled or the error code)", ["outcome"], registry=r)
         self.engine_requests = Counter(f"{PREFIX}_engine_requests", "Engine requests by how they ended: end_of_speech, "

@@ -61,12 +61,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from gpu_worker.client import Speech, WorkerRequestError
+from gpu_worker.client import Speech, WorkerRequestError, collect
 from gpu_worker.protocol import (AudioChunk, Cancel, ClientMessage, Done, End, Error, Flush, PushText, Rejected, Start,
                                  UtteranceOptions, encode, parse_server)
 from gpu_worker.routers import RingRouter, Router, StaticRouter
@@ -130,6 +130,13 @@ class PeerStats:
     ejections: int  # the current ejection count (sets the length of the next one)
     ejection_s: float  # length of the latest ejection
     ejected_for_s: float  # left of the current ejection, 0 when not ejected
+
+
+class _Received(NamedTuple):
+    """An audio chunk as the connection's reader took it off the socket, and when (perf_counter)."""
+
+    chunk: AudioChunk
+    at: float
 
 
 @dataclass(eq=False, slots=True)
@@ -214,12 +221,7 @@ class WorkerPool:
 
     async def say(self, voice: str, text: str, *, options: UtteranceOptions | None = None) -> Speech:
         """Speak one text and collect all of its audio."""
-        stream = await self.start(voice, text, options=options)
-        await stream.end()
-        chunks = [pcm async for pcm in stream.audio()]
-        assert stream.done is not None
-        ttfb = (stream.first_audio_at - stream.started_at) * 1000.0 if stream.first_audio_at else None
-        return Speech(b"".join(chunks), stream.done, ttfb, len(chunks))
+        return await collect(await self.start(voice, text, options=options))
 
     async def prewarm(self, target: str | Iterable[str]) -> int:
         """Open connections ahead of traffic: to the owners of a voice (a `str`) or to the workers
@@ -389,10 +391,11 @@ class WorkerPool:
         try:
             async for raw in link.ws:
                 if isinstance(raw, bytes):
+                    received_at = time.perf_counter()
                     chunk = AudioChunk.decode(raw)
                     attempt = link.contexts.get(chunk.context_id)
                     if attempt is not None:
-                        attempt.queue.put_nowait(chunk)
+                        attempt.queue.put_nowait(_Received(chunk, received_at))
                     continue
                 message = parse_server(raw)
                 attempt = link.contexts.get(message.context_id) if message.context_id else None
@@ -425,7 +428,9 @@ class WorkerPool:
 
 class PoolStream:
     """One utterance through the pool: push/flush/end/cancel, then iterate `audio()`; `done` holds
-    the worker's stats. `worker_id` is the worker serving it now, `attempts` the tries so far."""
+    the worker's stats. `worker_id` is the worker serving it now, `attempts` the tries so far;
+    `last_chunk_received_at` is when the connection's reader took the chunk `audio()` yielded last
+    off the socket (perf_counter), so a relay can time its own share of each chunk's trip."""
 
     def __init__(self, pool: WorkerPool, voice: str, start: Start, exclude: Collection[str] = ()) -> None:
         self._pool = pool
@@ -440,6 +445,7 @@ class PoolStream:
         self.rejected: list[Rejected] = []  # messages of this utterance a worker refused (no effect)
         self.started_at = time.perf_counter()
         self.first_audio_at: float | None = None
+        self.last_chunk_received_at: float | None = None
 
     @property
     def context_id(self) -> str:
@@ -467,16 +473,18 @@ class PoolStream:
             attempt = self._attempt
             assert attempt is not None
             item = await attempt.queue.get()
-            if isinstance(item, AudioChunk):
-                if item.seq != attempt.next_seq:
+            if isinstance(item, _Received):
+                chunk = item.chunk
+                if chunk.seq != attempt.next_seq:
                     await self.cancel()
-                    raise WorkerRequestError(Error("internal", f"audio chunk {item.seq} arrived where {attempt.next_seq}"
+                    raise WorkerRequestError(Error("internal", f"audio chunk {chunk.seq} arrived where {attempt.next_seq}"
                                                                " was due", False, attempt.context_id))
                 attempt.next_seq += 1
                 if self.first_audio_at is None:
                     self.first_audio_at = time.perf_counter()
                     self._log = None  # audio reached the caller: no retry from here on
-                yield item.pcm
+                self.last_chunk_received_at = item.at
+                yield chunk.pcm
             elif isinstance(item, Rejected):
                 self.rejected.append(item)
             elif isinstance(item, Done):

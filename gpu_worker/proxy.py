@@ -9,7 +9,9 @@ over the worker pool (one persistent multiplexed link per peer) and relays every
   `Utterance`: text limits, backlog, idle timeout); flushed segments go to the owner as they come;
   audio comes back re-tagged with the caller's context id only (no PCM re-encode), and the owner's
   `done` (with ``served_by``/``proxied``) or `error` is relayed as it came. A caller that cancels
-  or disconnects cancels the owner's context (its engine request is aborted there).
+  or disconnects cancels the owner's context (its engine request is aborted there). Each relayed
+  chunk's time here, from the pool's reader taking it off the owner's link to its queueing on the
+  caller's connection outbox, is observed in ``voicering_worker_relay_seconds``.
 - **Failing over**: the pool retries another owner until the first audio reached the caller; if
   no owner can take it before then (all down, ejected, busy), this worker speaks it itself. After
   the first audio a lost owner ends the context with ``worker_lost`` (not retryable).
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from gpu_worker.client import WorkerRequestError
@@ -119,11 +122,14 @@ class ProxiedUtterance(Utterance):
             await stream.flush()
 
     async def _relay(self, stream: PoolStream) -> None:
+        metrics = self.deps.metrics
         async for pcm in stream.audio():
             self._relayed_audio = True
             self._handed.clear()  # audio reached the caller: no serving it here any more
             await self._send(AudioChunk(self.context_id, self._seq, pcm))
             self._seq += 1
+            if metrics is not None and stream.last_chunk_received_at is not None:  # off the owner's link -> our outbox
+                metrics.relay_seconds.observe(time.perf_counter() - stream.last_chunk_received_at)
         done = stream.done
         if done is not None and self.claim_end():
             await self._send(Done(self.context_id, done.stats, done.reason))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from hashring.errors import RingError, RingUnavailable
@@ -126,8 +127,14 @@ class Heartbeat:
         # A failed beat is retried on the next tick, never later: a worker silent for the TTL
         # leaves every reader's ring, so backing off past it would turn a blip into an outage.
         wid = self._info.id
+        interval, ttl = self._store.settings.heartbeat_interval_s, self._store.settings.heartbeat_ttl_s
         while not self._closing:
-            await asyncio.sleep(self._store.settings.heartbeat_interval_s)
+            due = time.monotonic() + interval
+            await asyncio.sleep(interval)
+            late = time.monotonic() - due
+            if late > interval:  # the event loop was blocked: readers drop a worker silent for the TTL
+                log.warning("worker %s heartbeat ran %.1f s late (event loop blocked or starved); a worker "
+                            "silent for %.1f s leaves the ring", wid, late, ttl, extra={"late_s": round(late, 2)})
             try:
                 if await self._store.heartbeat(wid, self._load()) < 0:
                     log.warning("Redis does not know worker %s (restarted empty?); registering again", wid)

@@ -436,3 +436,19 @@ async def test_a_watcher_nobody_refreshes_turns_stale_by_itself(ring_settings):
         await watcher.aclose()  # as if its refresh task had died: no error is ever recorded
         await asyncio.sleep(watcher.stale_after_s + 0.1)
         assert watcher.last_error is None and watcher.stale
+
+
+async def test_a_late_heartbeat_is_reported(redis_url, caplog):
+    """A blocked event loop makes beats late, and a worker silent for the TTL leaves the ring: the
+    worker says so in its log instead of vanishing silently."""
+    import time
+
+    from hashring.membership import Heartbeat
+    from hashring.records import WorkerInfo
+
+    settings = RingSettings(redis_url=redis_url, prefix="test:late-beat", heartbeat_interval_s=0.2)
+    async with RingStore(settings) as store, Heartbeat(store, WorkerInfo("late-1", "ws://x:1", "ws://x:1")):
+        await asyncio.sleep(0.3)
+        time.sleep(0.8)  # block the loop
+        await asyncio.sleep(0.3)
+    assert "heartbeat ran" in caplog.text and "late" in caplog.text
