@@ -91,10 +91,10 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
         log.warning("worker listens on %s without a cluster token: anyone who reaches it can speak, prewarm and read "
                     "metrics (set VOICERING_WORKER_CLUSTER_TOKEN)", settings.host)
     ws_server = await server.serve()
-    membership = join_cluster(settings, load=lambda: server.active, adapters=adapters)
+    membership = join_cluster(settings, load=lambda: server.active)
     cluster = await membership.__aenter__()
     if cluster is not None:
-        server.forwarder, server.heat = cluster.forwarder, cluster.heat
+        server.forwarder = cluster.forwarder
     log.info("worker %s listening on ws://%s:%d (codec %s)", settings.worker_id, settings.host, settings.port, runner.policy)
     print(f"voicering worker ready on ws://{settings.host}:{settings.port}", flush=True)
     if ready is not None:

@@ -11,7 +11,6 @@ import asyncio
 import json
 import signal
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,7 +21,7 @@ from gpu_worker.client import WorkerClient, WorkerRequestError
 from gpu_worker.protocol import UtteranceOptions
 from hashring import RingSettings
 from hashring.membership import RingWatcher
-from hashring.placement import ReplicaControl, place
+from hashring.placement import place
 from hashring.store import RingStore
 from tests.fixtures.models import CLUSTER_PREFIX, cluster_args, start_worker
 
@@ -132,43 +131,6 @@ async def test_the_owner_s_errors_are_relayed_as_they_came(cluster, ring):
         with pytest.raises(WorkerRequestError) as err:
             await client.say("clu/nobody-published-this", "Hi.", options=FAST)
     assert err.value.error.code == "unknown_voice" and not err.value.retryable
-
-
-async def test_scaling_a_voice_prewarms_it_on_its_new_owner(cluster, ring, redis_server, adapter_store):
-    """`voicering ring scale VOICE 2`: the voice's new second owner loads its adapter on its own,
-    before any request for it arrives there. The voice is published now, after every worker's
-    start-up prewarm, so no worker holds it yet."""
-    settings = RingSettings(redis_url=redis_server.url, prefix=CLUSTER_PREFIX)
-    voice = f"clu/scaled-{uuid.uuid4().hex[:8]}"
-    publish_adapter(adapter_store / "tara", adapter_store, voice)
-    async with RingStore(settings) as store, RingWatcher(store) as watcher:
-        second = watcher.view.ring.owners(voice, 2)[1]
-        log = cluster[second].log_path
-        loaded = f"adapter for voice {voice} loaded"
-        assert loaded not in log.read_text()
-        await ReplicaControl(store).scale(voice, 2)
-        try:
-            deadline = time.monotonic() + 30
-            while loaded not in log.read_text():
-                assert time.monotonic() < deadline, f"{second} never prewarmed {voice}"
-                await asyncio.sleep(0.2)
-        finally:
-            await ReplicaControl(store).scale(voice, None)
-
-
-async def test_requests_through_the_entry_feed_the_voice_s_heat(cluster, ring, redis_server):
-    """The entry worker counts each request it takes for the autoscaler (batched, off the request path)."""
-    voice = VOICES[-2]
-    settings = RingSettings(redis_url=redis_server.url, prefix=CLUSTER_PREFIX)
-    async with RingStore(settings) as store:
-        before = (await store.peek_heat([voice])).get(voice, 0.0)
-        async with await WorkerClient.connect(cluster["worker-a"].url) as client:
-            for i in range(3):
-                await client.say(voice, "Count me.", options=UtteranceOptions(max_tokens=15, seed=i))
-        deadline = time.monotonic() + 10
-        while (await store.peek_heat([voice])).get(voice, 0.0) <= before:
-            assert time.monotonic() < deadline, "the requests were never counted"
-            await asyncio.sleep(0.2)
 
 
 async def test_zz_an_owner_killed_mid_stream_ends_cleanly_and_the_next_request_is_served(cluster, ring):
