@@ -1,6 +1,9 @@
 """The worker as a member of the fleet: registered and heartbeating in the ring, watching it, and
 holding the pool its proxy uses to reach voice owners (dialing their internal address with the
-cluster token). Also the graceful drain:
+cluster token). While it serves it also prewarms the voices it newly owns whenever placement
+changes (`ownership.OwnershipWarmer`), counts requests per voice for automatic replicas
+(`HeatRecorder`, batched off the request path) and takes its turn cooling replica counts
+(`CoolLoop`, one worker of the fleet at a time under a Redis lease). Also the graceful drain:
 marked draining at once (no placement includes it, so new starts go to other owners and any it
 still receives are relayed), active streams get a grace period, then it leaves the ring.
 """
@@ -14,11 +17,14 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
+from gpu_worker.adapters import AdapterCache
+from gpu_worker.ownership import OwnershipWarmer, heat_rates
 from gpu_worker.pool import PoolSettings, WorkerPool
 from gpu_worker.proxy import Forwarder
 from gpu_worker.routers import RingRouter
 from gpu_worker.settings import WorkerSettings
 from hashring.membership import Heartbeat, RingWatcher
+from hashring.placement import CoolLoop, HeatRecorder, ReplicaControl
 from hashring.records import WorkerInfo
 from hashring.settings import RingSettings
 from hashring.store import RingStore
@@ -34,6 +40,9 @@ class Cluster:
     pool: WorkerPool
     forwarder: Forwarder
     ring_settings: RingSettings
+    warmer: OwnershipWarmer | None
+    heat: HeatRecorder
+    cooler: CoolLoop
 
 
 def worker_info(settings: WorkerSettings) -> WorkerInfo:
@@ -42,8 +51,10 @@ def worker_info(settings: WorkerSettings) -> WorkerInfo:
 
 
 @asynccontextmanager
-async def join_cluster(settings: WorkerSettings, load: Callable[[], int]) -> AsyncIterator[Cluster | None]:
-    """Join the ring while serving (None without Redis: a lone worker serves every voice itself)."""
+async def join_cluster(settings: WorkerSettings, load: Callable[[], int],
+                       adapters: AdapterCache | None = None) -> AsyncIterator[Cluster | None]:
+    """Join the ring while serving (None without Redis: a lone worker serves every voice itself).
+    ``adapters``: prewarmed for the voices this worker newly owns (None: no placement prewarm)."""
     if not settings.redis_url:
         yield None
         return
@@ -54,9 +65,18 @@ async def join_cluster(settings: WorkerSettings, load: Callable[[], int]) -> Asy
         watcher = await stack.enter_async_context(RingWatcher(store))
         pool = await stack.enter_async_context(
             WorkerPool(RingRouter(watcher, ring_settings), PoolSettings(address="proxy_url", token=settings.cluster_token)))
+        warmer = None
+        if adapters is not None and settings.ring_prewarm_max != 0:
+            cap = settings.ring_prewarm_max or max(1, adapters.capacity // 2)  # never flush what it serves now
+            warmer = await stack.enter_async_context(OwnershipWarmer(
+                settings.worker_id, watcher, ring_settings, adapters.prewarm, adapters.store.voices,
+                max_per_change=cap, rates=heat_rates(store), concurrency=settings.ring_prewarm_concurrency))
+        control = ReplicaControl(store)
+        cooler = await stack.enter_async_context(CoolLoop(control, interval_s=settings.ring_cool_interval_s))
+        heat = await stack.enter_async_context(HeatRecorder(control, flush_interval_s=settings.ring_heat_flush_s))
         log.info("worker %s joined the hash ring", settings.worker_id)
         yield Cluster(store, heartbeat, watcher, pool, Forwarder(settings.worker_id, watcher, ring_settings, pool),
-                      ring_settings)
+                      ring_settings, warmer, heat, cooler)
 
 
 async def drain(cluster: Cluster, streams: Callable[[], int], grace_s: float) -> int:

@@ -34,8 +34,19 @@ ejection lasts `ejection_base_s` (30 s) × the worker's ejection count, capped a
 one. When an ejection ends, the next utterance routed there is the probe: its dial either brings
 the worker back or ejects it again, for longer.
 
+**Hung workers.** A worker that takes a connection (even a websocket handshake) and then never
+answers is caught twice: a dial not answered within `open_timeout_s` ejects it, and an
+utterance asked to speak (a flush or its end) that gets no first audio within
+`first_audio_timeout_s` is cancelled there, the worker is ejected, and the utterance retried
+elsewhere (`worker_timeout` if no other worker takes it). After the first audio the connection's
+keepalive pings catch a dead link.
+
+**Departed workers.** A worker that left the ring and has no connection left is forgotten, so the
+pool's table stays the size of the fleet.
+
 **Retry before audio.** Until the first audio chunk of an utterance has been handed to the
-caller, a retryable failure (`busy`, `engine_error`, `internal`, the connection lost) sends it to
+caller, a retryable failure (`busy`, `engine_error`, `internal`, the connection lost, no first
+audio in time) sends it to
 another worker (or connection), replaying what was pushed so far (start text, pushes, flushes,
 end), at most `max_attempts` times. From the first chunk on there is no retry: a lost connection
 ends the stream with `WorkerLost` (code `worker_lost`, not retryable) and any worker error is
@@ -54,6 +65,7 @@ awaited by `aclose`. The caller owns the `RingWatcher`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
@@ -110,6 +122,7 @@ class PoolSettings:
     ejection_max_s: float = 300.0
     max_ejected_share: float = 0.1  # of the workers known to the router; at least one
     max_message_bytes: int = 1 << 22
+    first_audio_timeout_s: float | None = 30.0  # after a flush or end, the longest wait for an utterance's first audio
     address: Literal["ws_url", "proxy_url"] = "ws_url"  # which registered address to dial (workers use proxy_url)
     token: str | None = None  # the cluster token, sent as `Authorization: Bearer` on every dial
 
@@ -118,6 +131,8 @@ class PoolSettings:
             raise ValueError("max_connections_per_peer, max_attempts and consecutive_errors must be >= 1")
         if not 0 < self.max_ejected_share <= 1:
             raise ValueError("max_ejected_share must be in (0, 1]")
+        if self.first_audio_timeout_s is not None and self.first_audio_timeout_s <= 0:
+            raise ValueError("first_audio_timeout_s must be > 0 (or None: wait as long as it takes)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +295,15 @@ class WorkerPool:
                 link.retiring = True
         return peer
 
+    def _forget_departed(self) -> None:
+        """Drop workers that left the ring and hold no connection (their ejection state goes too:
+        a worker that comes back under the same id starts afresh)."""
+        known = {info.id for info in self.router.workers()}
+        for pid in [pid for pid, peer in self._peers.items() if pid not in known and not peer.links]:
+            del self._peers[pid]
+
     def _pick(self, voice: str, tried: Collection[str]) -> _Peer:
+        self._forget_departed()
         now = time.monotonic()
         unavailable = {pid for pid, p in self._peers.items() if p.ejected_until > now or p.next_dial_at > now}
         loads = {pid: p.streams for pid, p in self._peers.items()}
@@ -446,6 +469,7 @@ class PoolStream:
         self.started_at = time.perf_counter()
         self.first_audio_at: float | None = None
         self.last_chunk_received_at: float | None = None
+        self._asked_at: float | None = None  # when the current try was last asked to speak (flush/end), monotonic
 
     @property
     def context_id(self) -> str:
@@ -472,7 +496,11 @@ class PoolStream:
         while True:
             attempt = self._attempt
             assert attempt is not None
-            item = await attempt.queue.get()
+            try:
+                item = await asyncio.wait_for(attempt.queue.get(), self._first_audio_wait())
+            except TimeoutError:
+                await self._timed_out(attempt)
+                continue
             if isinstance(item, _Received):
                 chunk = item.chunk
                 if chunk.seq != attempt.next_seq:
@@ -506,8 +534,28 @@ class PoolStream:
 
     # -- internals --------------------------------------------------------------------------------
 
+    def _first_audio_wait(self) -> float | None:
+        """How long the next wait may take: bounded only while audio is due and none came yet."""
+        limit = self._pool.settings.first_audio_timeout_s
+        if limit is None or self._log is None or self._asked_at is None or self._cancelled:
+            return None
+        return max(0.0, self._asked_at + limit - time.monotonic())
+
+    async def _timed_out(self, attempt: _Attempt) -> None:
+        """No first audio in time: give up on this worker (cancel there, eject it) and retry."""
+        pool, peer = self._pool, attempt.link.peer
+        limit = pool.settings.first_audio_timeout_s
+        if attempt.link.contexts.pop(attempt.context_id, None) is not None:
+            with contextlib.suppress(ConnectionClosed):
+                await attempt.link.ws.send(encode(Cancel(attempt.context_id)))
+        pool._eject(peer, f"no first audio within {limit:.0f} s")
+        await self._retry(attempt, Error("worker_timeout", f"worker {peer.id} sent no audio within {limit:.0f} s of "
+                                                           "being asked to speak", True, attempt.context_id))
+
     async def _send(self, message: ClientMessage) -> None:
         async with self._lock:
+            if isinstance(message, Flush | End):
+                self._asked_at = time.monotonic()
             if self._log is not None:
                 self._log.append(message)
             attempt = self._attempt
@@ -550,6 +598,8 @@ class PoolStream:
                 attempt = _Attempt(uuid.uuid4().hex[:16], link)
                 link.contexts[attempt.context_id] = attempt
                 self._attempt = attempt
+                if self._asked_at is not None:  # the replay asks again: the new worker gets the full wait
+                    self._asked_at = time.monotonic()
                 try:
                     for message in self._log or ():
                         await link.ws.send(encode(_for(message, attempt.context_id)))

@@ -8,6 +8,7 @@ starts and stops a worker the same way. Standard library only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -62,7 +63,10 @@ class WorkerProcess:
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired:  # stuck: leave its threads' stacks in the log first
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 

@@ -30,6 +30,7 @@ background, 202 with an operation id) and ``GET /prewarm/<id>`` (its per-voice s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -50,6 +51,8 @@ from gpu_worker.protocol import (MAX_VOICE_ID_BYTES, AudioChunk, Cancel, ClientM
 from gpu_worker.proxy import Forwarder, ProxiedUtterance
 from gpu_worker.session import Backlog, SessionDeps, Utterance
 from gpu_worker.settings import WorkerSettings
+from hashring.errors import InvalidVoiceId
+from hashring.placement import HeatRecorder
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,7 @@ class WorkerServer:
         self.settings = settings
         self.deps = deps
         self.forwarder = forwarder  # set once the worker has joined the ring: voices it does not own are relayed
+        self.heat: HeatRecorder | None = None  # counts requests per voice for automatic replicas (entry worker only)
         self.active = 0  # utterances this worker's engine speaks (its load in the ring)
         self.relayed = 0  # utterances relayed to their owners
         self.prewarms = Prewarms(deps.adapters.prewarm) if deps.adapters is not None else None
@@ -114,7 +118,16 @@ class WorkerServer:
                 "max_streams": self.settings.max_streams, "engine_requests": engine_requests,
                 "engine_waiting": getattr(self.deps.engine, "waiting", None),
                 "codec_policy": getattr(self.deps.runner, "policy", None),
-                "adapters_resident": len(adapters.resident) if adapters is not None else 0}
+                "adapters_resident": len(adapters.resident) if adapters is not None else 0,
+                **self._ring_health()}
+
+    def _ring_health(self) -> dict:
+        """The ring as this worker sees it (epoch, size, summed heartbeat loads): a stale view shows
+        as an old epoch, and the load as this worker's routing sees it."""
+        if self.forwarder is None:
+            return {}
+        view = self.forwarder.watcher.view
+        return {"ring_epoch": view.epoch, "ring_workers": len(view.ring), "ring_load": sum(view.loads.values())}
 
     def _authorized(self, request: Request) -> bool:
         """With a cluster token set, every request but /health must carry it (constant-time compare)."""
@@ -270,6 +283,9 @@ class WorkerServer:
                 await conn.send(Error(exc.code, exc.message, exc.retryable, message.context_id))
                 return
             self._launch(conn, utterance)
+            if self.heat is not None and message.proxied_by is None:
+                with contextlib.suppress(InvalidVoiceId):  # its context gets the clear error when it resolves
+                    self.heat.record(message.voice)
             return
         entry = conn.live(message.context_id)
         if entry is None:

@@ -85,7 +85,14 @@ class WorkerSettings(BaseSettings):
     ring_prefix: str = Field(RingSettings().prefix, description="Redis key prefix of the ring (every process of a fleet agrees)")
     cluster_token: str | None = Field(None, description="required as 'Authorization: Bearer' on websockets, /metrics "
                                                         "and /prewarm; sent on the proxy's links (/health stays open)")
+    loop_stall_s: float = Field(2.0, gt=0, description="an event loop blocked this long logs where it is stuck")
     drain_grace_s: float = Field(30.0, ge=0, description="on SIGTERM: how long active streams may finish while draining")
+    ring_prewarm_max: int | None = Field(None, ge=0, description="voices newly owned after a placement change that are "
+                                         "prewarmed (default: half the adapter cache; 0: off)")
+    ring_prewarm_concurrency: int = Field(2, ge=1, description="adapters loaded at once by placement prewarm")
+    ring_cool_interval_s: float = Field(5.0, gt=0, description="how often the fleet's one cooling worker lowers "
+                                        "automatic replica counts of voices gone quiet")
+    ring_heat_flush_s: float = Field(0.5, gt=0, description="how often request counts per voice go to Redis")
     # back-pressure: messages queued per connection; a stream that cannot queue for slow_consumer_s cuts it
     send_queue: int = Field(256, ge=1)
     slow_consumer_s: float = Field(5.0, gt=0, description="longest one message may wait to be queued or written "

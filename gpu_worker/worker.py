@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from gpu_worker.adapters import AdapterCache, AdapterStore
 from gpu_worker.cluster import drain, join_cluster
+from gpu_worker.stall import LoopWatchdog, dump_stacks_on_sigusr1
 from gpu_worker.codec import SnacCodec, set_cpu_threads
 from gpu_worker.engine import EngineSettings, SamplingOptions, SpeechEngine
 from gpu_worker.orpheus import SAMPLE_RATE
@@ -68,6 +69,7 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    dump_stacks_on_sigusr1()
     set_cpu_threads(settings.codec_threads)
     metrics = WorkerMetrics()
     codec = SnacCodec.load(settings.codec)
@@ -90,11 +92,13 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
     if not settings.cluster_token and settings.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("worker listens on %s without a cluster token: anyone who reaches it can speak, prewarm and read "
                     "metrics (set VOICERING_WORKER_CLUSTER_TOKEN)", settings.host)
+    watchdog = LoopWatchdog(settings.loop_stall_s)  # while serving (start-up imports block the loop by design)
+    await watchdog.__aenter__()
     ws_server = await server.serve()
-    membership = join_cluster(settings, load=lambda: server.active)
+    membership = join_cluster(settings, load=lambda: server.active, adapters=adapters)
     cluster = await membership.__aenter__()
     if cluster is not None:
-        server.forwarder = cluster.forwarder
+        server.forwarder, server.heat = cluster.forwarder, cluster.heat
     log.info("worker %s listening on ws://%s:%d (codec %s)", settings.worker_id, settings.host, settings.port, runner.policy)
     print(f"voicering worker ready on ws://{settings.host}:{settings.port}", flush=True)
     if ready is not None:
@@ -105,6 +109,7 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
         if cluster is not None:
             await drain(cluster, lambda: server.active + server.relayed, settings.drain_grace_s)
         await membership.__aexit__(None, None, None)
+        await watchdog.__aexit__(None, None, None)
         ws_server.close()
         await ws_server.wait_closed()
         await server.aclose()

@@ -27,9 +27,11 @@ JsonOption = typer.Option(False, "--json", help="Print one JSON object.")
 
 
 @app.callback()
-def _root(ctx: typer.Context) -> None:
+def _root(ctx: typer.Context, prefix: str | None = typer.Option(
+        None, "--prefix", envvar="VOICERING_RING_PREFIX",
+        help="Key prefix of the ring (the workers' VOICERING_WORKER_RING_PREFIX); default voicering:ring.")) -> None:
     """Operate the consistent hash ring: membership, placement, drain, replicas."""
-    ctx.obj = RingSettings.from_env()
+    ctx.obj = RingSettings.from_env(**({"prefix": prefix} if prefix else {}))
 
 
 def _settings(ctx: typer.Context, redis_url: str | None) -> RingSettings:

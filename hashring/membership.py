@@ -59,6 +59,25 @@ class _Streak:
         self.error = None
 
 
+def _stray_cancel() -> bool:
+    """True for a CancelledError nobody asked for: no cancel() is pending on this task (redis-py's
+    asyncio client can let one escape from a command it timed out). A background loop that takes
+    it for its end would vanish silently, so it counts as one failed turn instead."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
+
+
+def _report_end(closing: Callable[[], bool]) -> Callable[[asyncio.Task], None]:
+    """A done-callback: a background task that ends while its owner is not closing is logged."""
+    def ended(task: asyncio.Task) -> None:
+        if closing():
+            return
+        error = None if task.cancelled() else task.exception()
+        log.error("%s ended while its owner still runs (%s)", task.get_name(),
+                  "cancelled" if task.cancelled() else repr(error), exc_info=error)
+    return ended
+
+
 async def _stop(task: asyncio.Task[None]) -> None:
     """Cancel `task` and wait until it has ended.
 
@@ -98,6 +117,7 @@ class Heartbeat:
         epoch = await self._store.register(self._info)
         self._closing = False
         self._task = asyncio.create_task(self._run(), name=f"ring-heartbeat:{self._info.id}")
+        self._task.add_done_callback(_report_end(lambda: self._closing))
         return epoch
 
     async def set_draining(self, draining: bool = True) -> int:
@@ -139,6 +159,10 @@ class Heartbeat:
                 if await self._store.heartbeat(wid, self._load()) < 0:
                     log.warning("Redis does not know worker %s (restarted empty?); registering again", wid)
                     await self._store.register(self._info)
+            except asyncio.CancelledError:
+                if self._closing or not _stray_cancel():
+                    raise
+                self._streak.failed(RingUnavailable("a heartbeat was interrupted by a stray cancellation"))
             except Exception as exc:  # kept by the streak and logged: the task must live on
                 self._streak.failed(exc)
             else:
@@ -216,6 +240,8 @@ class RingWatcher:
             asyncio.create_task(self._refresh_loop(), name="ring-refresh"),
             asyncio.create_task(self._listen_loop(), name="ring-listen"),
         ]
+        for task in self._tasks:
+            task.add_done_callback(_report_end(lambda: self._closing))
         return view
 
     async def aclose(self) -> None:
@@ -280,6 +306,10 @@ class RingWatcher:
                 return
             try:
                 await self.refresh()
+            except asyncio.CancelledError:
+                if self._closing or not _stray_cancel():
+                    raise
+                streak.failed(RingUnavailable("a ring refresh was interrupted by a stray cancellation"))
             except Exception as exc:  # kept as last_error and logged: the task must live on
                 streak.failed(exc)
             else:

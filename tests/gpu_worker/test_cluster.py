@@ -10,8 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from websockets.asyncio.client import connect
@@ -21,12 +24,14 @@ from gpu_worker.client import WorkerClient, WorkerRequestError
 from gpu_worker.protocol import UtteranceOptions
 from hashring import RingSettings
 from hashring.membership import RingWatcher
-from hashring.placement import place
+from hashring.placement import ReplicaControl, place
 from hashring.store import RingStore
 from tests.fixtures.models import CLUSTER_PREFIX, cluster_args, start_worker
 
+VOICERING = Path(sys.executable).parent / "voicering"
+
 IDS = ("worker-a", "worker-b", "worker-c")
-VOICES = [f"clu/v{i}" for i in range(12)]
+VOICES = [f"clu/v{i}" for i in range(40)]
 FAST = UtteranceOptions(max_tokens=15, seed=5)
 
 
@@ -49,17 +54,50 @@ def cluster(worker, stand_in, adapter_store, redis_server, tmp_path_factory):
         handle.stop()
 
 
+def alive(cluster) -> list[str]:
+    return [wid for wid, handle in cluster.items() if handle.proc.poll() is None]
+
+
+async def in_step(cluster, watcher: RingWatcher, timeout: float = 30) -> None:
+    """Wait until every live worker is idle and its own ring view is the test's view (same epoch,
+    same size) with every heartbeat load back at 0: then the test's idea of where a voice goes
+    (its placement owner; bounded-load routing spills from a worker still counted busy) is every
+    worker's idea too."""
+    deadline = time.monotonic() + timeout
+    while True:
+        view = watcher.view
+        healths = [await asyncio.to_thread(cluster[wid].health) for wid in alive(cluster)]
+        if (not any(view.loads.values())
+                and all(h.get("ring_epoch") == view.epoch and h.get("ring_workers") == len(view.ring)
+                        and h.get("ring_load") == 0 and h["active_streams"] == 0 and h["relayed_streams"] == 0
+                        for h in healths)):
+            return
+        assert time.monotonic() < deadline, f"workers never caught up with ring epoch {view.epoch}: {healths}"
+        await asyncio.sleep(0.2)
+
+
+def ring_settings(redis_server) -> RingSettings:
+    return RingSettings(redis_url=redis_server.url, prefix=CLUSTER_PREFIX)
+
+
 @pytest.fixture
 async def ring(cluster, redis_server):
-    settings = RingSettings(redis_url=redis_server.url, prefix=CLUSTER_PREFIX)
+    settings = ring_settings(redis_server)
     async with RingStore(settings) as store, RingWatcher(store) as watcher:
-        await watcher.wait_for(lambda v: all(w in v.ring for w in IDS), timeout=30)
-        await asyncio.sleep(2.5)  # every worker's own watcher has refreshed past the joins too
+        live = alive(cluster)
+        await watcher.wait_for(lambda v: all(w in v.ring for w in live), timeout=30)
+        await in_step(cluster, watcher)
         yield lambda voice: place(watcher.view, voice, settings).owners[0]
 
 
+_USED: set[str] = set()
+
+
 def owned_by(owner_of, wid: str) -> str:
-    return next(v for v in VOICES if owner_of(v) == wid)
+    """A voice `wid` owns that no earlier test used (so no adapter, heat or replica count carries over)."""
+    voice = next(v for v in VOICES if v not in _USED and owner_of(v) == wid)
+    _USED.add(voice)
+    return voice
 
 
 async def test_a_start_on_a_non_owner_is_served_by_the_owner_byte_identical(cluster, ring):
@@ -133,6 +171,105 @@ async def test_the_owner_s_errors_are_relayed_as_they_came(cluster, ring):
     assert err.value.error.code == "unknown_voice" and not err.value.retryable
 
 
+async def test_scaling_a_voice_prewarms_it_on_its_new_owner(cluster, ring, redis_server, adapter_store):
+    """`voicering ring scale VOICE 2`: the voice's new second owner loads its adapter on its own,
+    before any request for it arrives there. The voice is published now, after every worker's
+    start-up prewarm, so no worker holds it yet."""
+    settings = ring_settings(redis_server)
+    voice = f"clu/scaled-{uuid.uuid4().hex[:8]}"
+    publish_adapter(adapter_store / "tara", adapter_store, voice)
+    async with RingStore(settings) as store, RingWatcher(store) as watcher:
+        second = watcher.view.ring.owners(voice, 2)[1]
+        log = cluster[second].log_path
+        loaded = f"adapter for voice {voice} loaded"
+        assert loaded not in log.read_text()
+        await ReplicaControl(store).scale(voice, 2)
+        try:
+            deadline = time.monotonic() + 30
+            while loaded not in log.read_text():
+                assert time.monotonic() < deadline, f"{second} never prewarmed {voice}"
+                await asyncio.sleep(0.2)
+        finally:
+            await ReplicaControl(store).scale(voice, None)
+
+
+async def test_requests_through_the_entry_feed_the_voice_s_heat(cluster, ring, redis_server):
+    """The entry worker counts each request it takes for the autoscaler (batched, off the request path)."""
+    voice = VOICES[-2]
+    settings = ring_settings(redis_server)
+    async with RingStore(settings) as store:
+        before = (await store.peek_heat([voice])).get(voice, 0.0)
+        async with await WorkerClient.connect(cluster["worker-a"].url) as client:
+            for i in range(3):
+                await client.say(voice, "Count me.", options=UtteranceOptions(max_tokens=15, seed=i))
+        deadline = time.monotonic() + 10
+        while (await store.peek_heat([voice])).get(voice, 0.0) <= before:
+            assert time.monotonic() < deadline, "the requests were never counted"
+            await asyncio.sleep(0.2)
+
+
+async def test_redis_killed_and_restarted_during_traffic(cluster, ring, redis_server):
+    """Redis dies: routing goes on from every worker's cached ring (B's voice through A still reaches
+    B). Redis comes back empty: every worker registers again on its own and routing is as before."""
+    voice = owned_by(ring, "worker-b")
+    async with await WorkerClient.connect(cluster["worker-a"].url) as client:
+        redis_server.kill()
+        try:
+            await asyncio.sleep(1.5)  # every worker has had a heartbeat and a refresh fail by now
+            during = [await client.say(voice, f"Redis is gone {i}.", options=FAST) for i in range(2)]
+        finally:
+            redis_server.restart()
+        assert all(r.done.stats.served_by == "worker-b" and r.done.stats.proxied for r in during)
+        async with RingStore(ring_settings(redis_server)) as store, RingWatcher(store) as watcher:
+            await watcher.wait_for(lambda v: all(w in v.ring for w in IDS), timeout=30)
+            await in_step(cluster, watcher)
+            after = await client.say(voice, "Redis is back.", options=FAST)
+    assert after.done.stats.served_by == "worker-b" and after.done.stats.proxied
+
+
+async def ring_cli(redis_server, *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        str(VOICERING), "ring", "--prefix", CLUSTER_PREFIX, *args, "--redis", redis_server.url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, out.decode()
+    return out.decode()
+
+
+async def test_ring_drain_under_traffic_moves_new_starts_and_lets_streams_finish(cluster, ring, redis_server):
+    """`voicering ring drain worker-c` while C streams: that stream finishes whole, new starts for
+    C's voice go to another owner (also those sent to C itself: C relays them), and `ring undrain`
+    gives the voice back to C."""
+    voice = owned_by(ring, "worker-c")
+    frames = 60
+    async with await WorkerClient.connect(cluster["worker-c"].url) as on_c, \
+            await WorkerClient.connect(cluster["worker-a"].url) as on_a, \
+            RingStore(ring_settings(redis_server)) as store, RingWatcher(store) as watcher:
+        stream = await on_c.start(voice, "Keep going.", options=UtteranceOptions(max_tokens=7 * frames + 1, seed=6))
+        await stream.end()
+        rest = asyncio.create_task(collect_pcm(stream))
+        try:
+            assert "draining" in await ring_cli(redis_server, "drain", "worker-c")
+            await watcher.wait_for(lambda v: "worker-c" not in v.ring, timeout=10)
+            await in_step(cluster, watcher)
+            via_a = await on_a.say(voice, "Not on C.", options=FAST)
+            via_c = await on_c.say(voice, "Sent to C.", options=FAST)
+            pcm = await rest
+        finally:
+            await ring_cli(redis_server, "undrain", "worker-c")
+        assert stream.done.reason == "completed" and stream.done.stats.frames == frames and pcm
+        assert via_a.done.stats.served_by not in ("worker-c", None)
+        assert via_c.done.stats.served_by != "worker-c" and via_c.done.stats.proxied
+        await watcher.wait_for(lambda v: "worker-c" in v.ring, timeout=10)
+        await in_step(cluster, watcher)
+        back = await on_a.say(voice, "C again.", options=FAST)
+    assert back.done.stats.served_by == "worker-c"
+
+
+async def collect_pcm(stream) -> bytes:
+    return b"".join([chunk async for chunk in stream.audio()])
+
+
 async def test_zz_an_owner_killed_mid_stream_ends_cleanly_and_the_next_request_is_served(cluster, ring):
     """SIGKILL of B while it streams a relayed context: that context ends with worker_lost (audio
     had reached the listener), and a new request for B's voice through A succeeds at once."""
@@ -170,5 +307,5 @@ async def test_zzz_sigterm_drains_streams_finish_and_the_worker_leaves_the_ring(
     assert late.done.stats.served_by != "worker-c"
     await asyncio.to_thread(c.proc.wait, 60)
     assert c.proc.returncode == 0
-    async with RingStore(RingSettings(redis_url=redis_server.url, prefix=CLUSTER_PREFIX)) as store:
+    async with RingStore(ring_settings(redis_server)) as store:
         assert "worker-c" not in (await store.snapshot()).live

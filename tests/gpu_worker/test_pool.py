@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ from collections.abc import AsyncIterator
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
-from gpu_worker.client import Speech, WorkerClient
+from gpu_worker.client import Speech, WorkerClient, WorkerRequestError
 from gpu_worker.orpheus import SAMPLES_PER_FRAME
 from gpu_worker.pool import NoWorkerAvailable, PoolSettings, RingRouter, WorkerLost, WorkerPool
 from gpu_worker.process import free_port
@@ -113,6 +114,20 @@ async def dropping_server() -> AsyncIterator[tuple[str, list[str]]]:
         yield f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}", received
 
 
+@contextlib.asynccontextmanager
+async def hung_server() -> AsyncIterator[tuple[str, list[dict]]]:
+    """A websocket server that completes the handshake and reads every message, but never answers
+    one (a worker whose engine hangs); yields its URL and the messages it got, parsed."""
+    received: list[dict] = []
+
+    async def handler(ws: ServerConnection) -> None:
+        async for message in ws:
+            received.append(json.loads(message))
+
+    async with serve(handler, "127.0.0.1", 0) as server:
+        yield f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}", received
+
+
 def pcm_bytes(frames: int) -> int:
     return frames * SAMPLES_PER_FRAME * 2
 
@@ -124,7 +139,9 @@ async def test_concurrent_utterances_share_few_connections(worker):
     async with WorkerPool.static([worker.url]) as pool:
         voices = ["tara", "leo"] * 4
         held = await asyncio.gather(*(pool.start(v, f"Line number {i}.", options=fast(i)) for i, v in enumerate(voices)))
-        assert pool.handshakes == 1  # eight starts, one dial: they all wait for the first connection
+        # eight starts share the first dial; a `busy` answered while the burst is still being sent
+        # may teach the pool the share early, so the last starts can already take a second connection
+        assert pool.handshakes <= 2
         await asyncio.gather(*(stream.end() for stream in held))  # all eight live at once: four are refused `busy`
 
         async def collect(stream):
@@ -132,7 +149,8 @@ async def test_concurrent_utterances_share_few_connections(worker):
             return Speech(pcm, stream.done, None, 0)
 
         first = await asyncio.gather(*(collect(stream) for stream in held))
-        assert sorted(stream.attempts for stream in held) == [1] * 4 + [2] * 4
+        attempts = [stream.attempts for stream in held]
+        assert set(attempts) <= {1, 2} and attempts.count(1) >= 4  # a refused start moved once, to the second link
         assert pool.handshakes == 2  # the refused four went to a second connection, not to a new one each
         await worker.wait_idle()
         second = await asyncio.gather(*(pool.say(v, f"Again {i}.", options=fast(i)) for i, v in enumerate(voices)))
@@ -228,6 +246,74 @@ async def test_an_ejected_peer_is_probed_after_its_backoff_and_ejected_longer(wo
         assert third.done.reason == "completed"
         stats = pool.peer_stats(refused_id)
         assert stats.dials == 2 and stats.ejections == 2 and stats.ejection_s == pytest.approx(0.6)
+    await worker.wait_idle()
+
+
+async def test_a_peer_that_takes_the_start_and_never_answers_is_timed_out_ejected_and_skipped(worker, redis_url):
+    """A peer that completes the handshake, takes the start and then says nothing: once the
+    utterance is asked to speak (its end), it waits `first_audio_timeout_s`, then the context is
+    cancelled there, the peer ejected, and the utterance speaks on the next owner, whole."""
+    live = "live"
+    (hung_id,) = ids_with_owners([live], ["hung"], {"tara": "hung"})
+    settings = PoolSettings(first_audio_timeout_s=1.0, max_ejected_share=0.5)
+    async with hung_server() as (hung_url, received):
+        peers = {live: worker.url, hung_id: hung_url}
+        async with ring_of(redis_url, peers) as (watcher, ring, _), WorkerPool(RingRouter(watcher, ring), settings) as pool:
+            stream = await pool.start("tara", "Anyone there?", options=fast(4))
+            assert stream.worker_id == hung_id
+            await asyncio.sleep(1.5)  # not asked to speak yet: no clock runs (text may still be coming)
+            assert pool.ejected() == set()
+            began = time.monotonic()
+            await stream.end()
+            pcm = b"".join([chunk async for chunk in stream.audio()])
+            assert 1.0 <= time.monotonic() - began < 15
+            assert stream.worker_id == live and stream.attempts == 2 and stream.done.reason == "completed"
+            assert len(pcm) == pcm_bytes(2)
+            assert [m["type"] for m in received] == ["start", "end", "cancel"]  # the hung try was cancelled there
+            assert pool.ejected() == {hung_id}
+            again = await pool.start("tara", "Skip it.", options=fast(5))
+            assert again.worker_id == live and again.attempts == 1
+            await again.end()
+            assert [chunk async for chunk in again.audio()]
+    await worker.wait_idle()
+
+
+async def test_with_no_other_worker_a_hung_peer_ends_the_utterance_with_worker_timeout(redis_url):
+    async with hung_server() as (hung_url, _):
+        async with WorkerPool.static([hung_url], PoolSettings(first_audio_timeout_s=0.5, max_attempts=2)) as pool:
+            stream = await pool.start("tara", "Hello?", options=fast())
+            await stream.end()
+            with pytest.raises(WorkerRequestError) as err:
+                async for _ in stream.audio():
+                    pass
+    assert err.value.error.code == "worker_timeout" and err.value.retryable
+
+
+async def test_workers_that_left_the_ring_are_forgotten(worker, redis_url):
+    settings = ring_settings(redis_url)
+    async with RingStore(settings) as store:
+        stay = Heartbeat(store, WorkerInfo("stays", worker.url, worker.url, capacity=8))
+        leave = Heartbeat(store, WorkerInfo("leaves", worker.url, worker.url, capacity=8))
+        await stay.start()
+        await leave.start()
+        try:
+            async with RingWatcher(store) as watcher, WorkerPool(RingRouter(watcher, settings)) as pool:
+                await watcher.wait_for(lambda v: {n.id for n in v.ring.nodes} == {"stays", "leaves"}, timeout=10)
+                owner = {wid: next(f"v{i}" for i in range(200) if place(watcher.view, f"v{i}", settings).owners[0] == wid)
+                         for wid in ("stays", "leaves")}
+                for voice in owner.values():
+                    assert await pool.prewarm(voice) == 1
+                assert set(pool._peers) == {"stays", "leaves"}
+                await leave.aclose()
+                await watcher.wait_for(lambda v: {n.id for n in v.ring.nodes} == {"stays"}, timeout=10)
+                for ws in pool.connections("leaves"):
+                    await ws.close()
+                while pool.connections("leaves"):
+                    await asyncio.sleep(0.05)
+                speech = await pool.say("tara", "Still one.", options=fast())
+                assert speech.done.reason == "completed" and set(pool._peers) == {"stays"}
+        finally:
+            await stay.aclose()
     await worker.wait_idle()
 
 

@@ -452,3 +452,32 @@ async def test_a_late_heartbeat_is_reported(redis_url, caplog):
         time.sleep(0.8)  # block the loop
         await asyncio.sleep(0.3)
     assert "heartbeat ran" in caplog.text and "late" in caplog.text
+
+
+async def test_a_stray_cancellation_does_not_end_the_heartbeat(redis_url, monkeypatch):
+    """A CancelledError that nobody asked for (redis-py can let one escape a command it timed out)
+    used to end the heartbeat task silently: the worker fell out of the ring for good while it
+    kept serving. Now it is one failed beat, and the next beat brings the worker back."""
+    from hashring.membership import Heartbeat
+    from hashring.records import WorkerInfo
+
+    settings = RingSettings(redis_url=redis_url, prefix="test:stray-cancel", heartbeat_interval_s=0.1,
+                            heartbeat_ttl_s=0.5)
+    async with RingStore(settings) as store, Heartbeat(store, WorkerInfo("stray-1", "ws://x:1", "ws://x:1")) as beat:
+        real = store.heartbeat
+        calls = {"n": 0}
+
+        async def flaky(worker_id, load):
+            calls["n"] += 1
+            if calls["n"] <= 8:  # long enough to be reaped from the ring
+                raise asyncio.CancelledError
+            return await real(worker_id, load)
+
+        monkeypatch.setattr(store, "heartbeat", flaky)
+        await asyncio.sleep(1.2)
+        assert beat.last_error is not None or calls["n"] > 8
+        for _ in range(40):
+            if "stray-1" in (await store.snapshot()).live and calls["n"] > 8:
+                break
+            await asyncio.sleep(0.1)
+        assert calls["n"] > 8 and "stray-1" in (await store.snapshot()).live
