@@ -76,3 +76,28 @@ def proxy(
     from bench.proxy import run
 
     _emit(run(rounds=rounds), as_json)
+
+
+@app.command("gateway")
+def gateway(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    rounds: int = typer.Option(8, help="Rounds of direct, http pcm/mp3/opus and websocket utterances."),
+    concurrent: int = typer.Option(32, help="Streaming speech requests at once."),
+) -> None:
+    """A real gateway in front of a real worker: TTFB it adds per format and over the websocket,
+    warm dials to the worker, concurrent requests, authentication time."""
+    from bench.gateway import run
+
+    _emit(run(rounds=rounds, concurrent=concurrent), as_json)
+
+
+@app.command("livekit")
+def livekit(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    rounds: int = typer.Option(10, help="Plugin and direct utterances, one of each per round."),
+) -> None:
+    """The LiveKit TTS plugin on the real framework against a real worker: TTFB added over a direct
+    client, first audio under streaming LLM text, interruption to silence, sockets after 100 turns."""
+    from bench.livekit import run
+
+    _emit(run(rounds=rounds), as_json)

@@ -121,6 +121,11 @@ class WorkerClient:
         headers = {"Authorization": f"Bearer {token}"} if token else None
         return cls(await connect(url, max_size=1 << 22, open_timeout=open_timeout, additional_headers=headers))
 
+    @property
+    def closed(self) -> bool:
+        """The connection is gone (its reader ended): open a new client for more utterances."""
+        return self._reader.done()
+
     async def start(self, voice: str, text: str = "", *, options: UtteranceOptions | None = None,
                     context_id: str | None = None) -> UtteranceStream:
         context_id = context_id or uuid.uuid4().hex[:16]

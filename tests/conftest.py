@@ -4,4 +4,6 @@ pytest_plugins = [
     "tests.fixtures.redis",
     "tests.fixtures.speech",
     "tests.fixtures.models",
+    "tests.fixtures.gateway",
+    "tests.fixtures.browser",
 ]

@@ -28,6 +28,9 @@ def _root(
 
 def _wire() -> None:
     from bench.cli import app as bench_app
+    from gateway.cli import app as tenant_app
+    from gateway.livekit.cli import register as register_agent
+    from gateway.serve import command as gateway_command
     from gpu_worker.cli import register as register_worker
     from hashring.cli import app as ring_app
     from lora_training.cli import register as register_training
@@ -35,9 +38,12 @@ def _wire() -> None:
 
     register_worker(app)
     register_training(app)
+    register_agent(app)
     app.add_typer(ring_app, name="ring", help="Operate the consistent hash ring (membership, placement).")
     app.add_typer(trim_app, name="trim", help="Measure and trim head/tail silence.")
     app.add_typer(bench_app, name="bench", help="Benchmarks (print JSON figures).")
+    app.add_typer(tenant_app, name="tenant", help="Tenants, their API keys and limits (in Redis).")
+    app.command("gateway")(gateway_command)
 
 
 _wire()

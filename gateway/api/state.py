@@ -1,0 +1,80 @@
+"""Everything one gateway process holds while it serves, opened and closed as one.
+
+- Redis (the tenant layer's async client; an embedded server when no URL is configured),
+- the tenant layer: `Tenants` (keys, voices), `Quotas`, `Meter`, and the `Catalog` of voice names,
+- the worker pool (`gpu_worker.pool`): routed by the ring in Redis (`RingWatcher`), or over a
+  fixed list of worker URLs, dialing with the cluster token,
+- the training queue (lora_training's `JobQueue`, a sync client: called off the event loop),
+- the metrics registry.
+
+Routes reach it as `request.app.state.gateway`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+
+from gateway.api.metrics import GatewayMetrics
+from gateway.catalog import Catalog
+from gateway.quotas import Quotas
+from gateway.settings import GatewaySettings
+from gateway.tenants import Tenants, connect_redis
+from gateway.usage import Meter
+from gpu_worker.pool import PoolSettings, RingRouter, StaticRouter, WorkerPool
+from hashring.membership import RingWatcher
+from hashring.settings import RingSettings
+from hashring.store import RingStore
+from lora_training.jobs import JobQueue
+
+__all__ = ["Gateway", "open_gateway"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Gateway:
+    settings: GatewaySettings
+    redis_url: str
+    tenants: Tenants
+    quotas: Quotas
+    meter: Meter
+    catalog: Catalog
+    pool: WorkerPool
+    watcher: RingWatcher | None
+    jobs: JobQueue
+    metrics: GatewayMetrics
+
+
+@asynccontextmanager
+async def open_gateway(settings: GatewaySettings) -> AsyncIterator[Gateway]:
+    async with AsyncExitStack() as stack:
+        redis_url = settings.redis_url
+        if redis_url is None:
+            from hashring.embedded import EmbeddedRedis
+
+            embedded = stack.enter_context(EmbeddedRedis())
+            redis_url = embedded.url
+            log.warning("no Redis configured: using an embedded one at %s (tenants and keys are lost when the "
+                        "gateway stops; set VOICERING_GATEWAY_REDIS_URL)", embedded.url)
+        redis = connect_redis(redis_url, timeout_s=settings.redis_timeout_s)
+        stack.push_async_callback(redis.aclose)
+        tenants = Tenants(redis, settings.tenant_prefix, auth_cache_s=settings.auth_cache_s)
+        quotas = Quotas(redis, settings.tenant_prefix, stream_lease_s=settings.stream_lease_s)
+        meter = Meter(redis, settings.tenant_prefix)
+        pool_settings = PoolSettings(token=settings.cluster_token)
+        watcher = None
+        if settings.workers:
+            router = StaticRouter(list(settings.workers))
+        else:
+            ring_settings = RingSettings(redis_url=redis_url, prefix=settings.ring_prefix)
+            store = await stack.enter_async_context(RingStore(ring_settings))
+            watcher = await stack.enter_async_context(RingWatcher(store))
+            router = RingRouter(watcher, ring_settings)
+        pool = await stack.enter_async_context(WorkerPool(router, pool_settings))
+        jobs = JobQueue.connect(redis_url, settings.train_prefix)
+        stack.callback(jobs.close)
+        catalog = Catalog(tenants, settings.base_voices, cache_s=settings.auth_cache_s)
+        yield Gateway(settings, redis_url, tenants, quotas, meter, catalog, pool, watcher, jobs, GatewayMetrics())

@@ -1,0 +1,355 @@
+"""Voices and cloning: `POST /v1/voices`, `GET /v1/voices`, `GET /v1/voices/{name}`, `DELETE /v1/voices/{name}`.
+
+`POST /v1/voices` takes `multipart/form-data`:
+
+    name         the voice's name (per tenant; not a base voice's)
+    files        one or more recordings (any format lora_training decodes: wav, flac, mp3, ogg/opus,
+                 m4a...); a `<stem>.txt` among them is the transcript of `<stem>.<ext>`
+    transcripts  optional: a manifest file (.json {"take1.wav": "text"}, .csv/.tsv audio,text, or
+                 LJSpeech `name|text` lines), or plain text (the transcript of a single file)
+    consent      required: the speaker's consent statement, stored with the voice
+
+The body is parsed as it streams in (python-multipart's push parser over `request.stream()`; Starlette's
+`request.form()` would spool whole files before anyone could count them), and the tenant's
+`max_upload_bytes` is counted on the raw body: a declared `Content-Length` over it is refused before
+a byte is read, a chunked body the moment it passes it, with 413 and every partial file removed. The
+rest (checks, registration, the job) is `gateway.cloning`; this module is the HTTP side and maps its
+errors to OpenAI-shaped ones (`errors.py`).
+
+`lifecycle(gateway)` runs the clone watcher (`gateway.cloning.CloneWatcher`) for the app's lifetime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, BinaryIO, Final
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from gateway.api.auth import caller, gateway_of
+from gateway.api.errors import ApiError, from_tenant_error
+from gateway.api.state import Gateway
+from gateway.cloning import (TRANSCRIPT_SUFFIXES, SIDECAR_SUFFIX, BadUpload, CloneError, CloneUnavailable, CloneWatcher,
+                             Cloning, NotDeletable, Upload, UploadTooLarge, check_name)
+from gateway.tenants import Tenant, TenantError
+
+__all__ = ["lifecycle", "router"]
+
+MAX_FIELD_BYTES: Final = 1 << 20  # one text field (a transcripts text can be long; the rest are short)
+MAX_FILES: Final = 500
+MAX_FILE_NAME_BYTES: Final = 255
+TEXT_FIELDS: Final = frozenset({"name", "consent", "transcripts"})
+FILE_FIELDS: Final = frozenset({"files", "transcripts"})
+
+router = APIRouter()
+
+_UPLOAD_SCHEMA = {
+    "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+        "type": "object", "required": ["name", "files", "consent"],
+        "properties": {
+            "name": {"type": "string", "description": "the voice's name: letters, digits, '._-'"},
+            "files": {"type": "array", "items": {"type": "string", "format": "binary"},
+                      "description": "recordings (wav, flac, mp3, ogg/opus, m4a...), about 10 minutes of speech; "
+                                     "a <stem>.txt among them is the transcript of <stem>.<ext>"},
+            "transcripts": {"type": "string", "format": "binary",
+                            "description": "a manifest (.json, .csv, .tsv, LJSpeech .txt), or plain text for one file"},
+            "consent": {"type": "string", "description": "the speaker's consent statement (stored with the voice)"},
+        }}}}},
+}
+
+
+@router.post("/v1/voices", status_code=202, openapi_extra=_UPLOAD_SCHEMA,
+              responses={202: {"description": "the voice is queued for training"}})
+async def create_voice(request: Request, tenant: Annotated[Tenant, Depends(caller)]) -> JSONResponse:
+    """Upload recordings and queue a clone; poll `GET /v1/voices/{name}` until it is `ready`."""
+    gateway = gateway_of(request)
+    cloning = Cloning(gateway)
+    try:
+        upload = await receive_upload(request, tenant, cloning)
+        view = await cloning.create(tenant, upload)
+    except (CloneError, TenantError) as exc:
+        raise _api_error(exc) from None
+    return JSONResponse(view.to_json(), status_code=202)
+
+
+@router.get("/v1/voices")
+async def list_voices(request: Request, tenant: Annotated[Tenant, Depends(caller)]) -> dict:
+    """The base voices and the tenant's clones, with their state."""
+    try:
+        views = await Cloning(gateway_of(request)).list(tenant)
+    except (CloneError, TenantError) as exc:
+        raise _api_error(exc) from None
+    return {"object": "list", "data": [v.to_json() for v in views]}
+
+
+@router.get("/v1/voices/{name}")
+async def get_voice(name: str, request: Request, tenant: Annotated[Tenant, Depends(caller)]) -> dict:
+    """One voice: state, progress %, ETA and, for a failed clone, the reason."""
+    try:
+        view = await Cloning(gateway_of(request)).describe(tenant, name)
+    except (CloneError, TenantError) as exc:
+        raise _api_error(exc) from None
+    return view.to_json()
+
+
+@router.delete("/v1/voices/{name}")
+async def delete_voice(name: str, request: Request, tenant: Annotated[Tenant, Depends(caller)]) -> dict:
+    """Delete a clone: its training stops, its adapter and uploads are removed; it can no longer speak."""
+    try:
+        await Cloning(gateway_of(request)).delete(tenant, name)
+    except (CloneError, TenantError) as exc:
+        raise _api_error(exc) from None
+    return {"id": name, "object": "voice.deleted", "deleted": True}
+
+
+@asynccontextmanager
+async def lifecycle(gateway: Gateway) -> AsyncIterator[None]:
+    """The clone watcher, for as long as the app serves."""
+    async with CloneWatcher(gateway):
+        yield
+
+
+def _api_error(exc: CloneError | TenantError) -> ApiError:
+    if isinstance(exc, UploadTooLarge):
+        return ApiError(413, exc.message, param=exc.param, code=exc.code)
+    if isinstance(exc, (BadUpload, NotDeletable)):
+        return ApiError(400, exc.message, param=exc.param, code=exc.code)
+    if isinstance(exc, CloneUnavailable):
+        return ApiError(503, exc.message, type="service_unavailable", code=exc.code)
+    if isinstance(exc, CloneError):
+        return ApiError(500, exc.message, type="server_error", code=exc.code)
+    return from_tenant_error(exc, param="name")
+
+
+# -- the streamed multipart body --------------------------------------------------------------------
+
+
+async def receive_upload(request: Request, tenant: Tenant, cloning: Cloning) -> Upload:
+    """Stream the multipart body into a fresh incoming folder, within the tenant's byte limit.
+    On any error the folder is removed and the error raised (BadUpload, UploadTooLarge, a disconnect)."""
+    limit = tenant.limits.max_upload_bytes
+    content_type = request.headers.get("content-type", "")
+    kind, options = parse_options_header(content_type)
+    if kind != b"multipart/form-data" or not options.get(b"boundary"):
+        raise BadUpload("send the upload as multipart/form-data (fields name, files, consent and optionally "
+                        "transcripts)", code="invalid_content_type")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise UploadTooLarge(limit)
+    upload = await asyncio.to_thread(cloning.uploads.incoming)
+    form = _Form(upload, options, lambda name: check_name(tenant, name, cloning.base_voices))
+    try:
+        received = 0
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > limit:
+                raise UploadTooLarge(limit)
+            form.feed(chunk)
+            await asyncio.to_thread(form.flush)
+        form.finish()
+        await asyncio.to_thread(form.flush)
+    except BaseException:
+        form.close()
+        await asyncio.to_thread(cloning.uploads.discard, upload)
+        raise
+    form.close()
+    return upload
+
+
+class _Form:
+    """python-multipart callbacks -> the Upload: text fields kept (bounded), file parts written to
+    the upload's folder. The parser runs on the event loop; file writes queue up and `flush` does
+    them (in a thread). `check_name` runs as soon as the name field is complete, so a bad name is
+    refused before the files are read."""
+
+    def __init__(self, upload: Upload, options: dict[bytes, bytes], check_name) -> None:
+        charset = options.get(b"charset", b"utf-8").decode("latin-1")
+        try:
+            self._charset = codecs.lookup(charset).name
+        except LookupError:
+            self._charset = "utf-8"
+        self.upload = upload
+        self._check_name = check_name
+        self._parser = MultipartParser(options[b"boundary"], {
+            "on_part_begin": self._part_begin, "on_part_data": self._part_data, "on_part_end": self._part_end,
+            "on_header_field": self._header_field, "on_header_value": self._header_value,
+            "on_header_end": self._header_end, "on_headers_finished": self._headers_finished, "on_end": self._end,
+        })
+        self._header_name = b""
+        self._header_value = b""
+        self._disposition = b""
+        self._field: str | None = None
+        self._text: bytearray | None = None  # a text part being read
+        self._file: Path | None = None  # a file part being written
+        self._open: dict[Path, BinaryIO] = {}
+        self._writes: list[tuple[Path, bytes]] = []
+        self._names: set[str] = set()
+        self._error: BaseException | None = None
+        self._ended = False
+
+    # -- driving -------------------------------------------------------------------------------------
+
+    def feed(self, chunk: bytes) -> None:
+        try:
+            self._parser.write(chunk)
+        except FormParserError:
+            raise BadUpload("the multipart body is malformed; send it as multipart/form-data (curl -F does)",
+                            code="invalid_multipart") from None
+        if self._error is not None:
+            raise self._error
+
+    def finish(self) -> None:
+        self._parser.finalize()
+        if self._error is not None:
+            raise self._error
+        if not self._ended:
+            raise BadUpload("the multipart body ended before its closing boundary; send the whole form",
+                            code="invalid_multipart")
+
+    def flush(self) -> None:
+        """Write the queued file data (blocking: call it in a thread)."""
+        writes, self._writes = self._writes, []
+        for path, data in writes:
+            handle = self._open.get(path)
+            if handle is None:
+                handle = self._open[path] = open(path, "wb")  # noqa: SIM115 (closed by close())
+            handle.write(data)
+
+    def close(self) -> None:
+        for handle in self._open.values():
+            handle.close()
+        self._open.clear()
+
+    # -- callbacks (errors are kept and raised by feed, so the parser never sees them) ---------------
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+
+    def _part_begin(self) -> None:
+        self._disposition, self._field, self._text, self._file = b"", None, None, None
+
+    def _header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_name += data[start:end]
+
+    def _header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header_value += data[start:end]
+
+    def _header_end(self) -> None:
+        if self._header_name.lower() == b"content-disposition":
+            self._disposition = self._header_value
+        self._header_name, self._header_value = b"", b""
+
+    def _headers_finished(self) -> None:
+        if self._error is not None:
+            return
+        _, options = parse_options_header(self._disposition)
+        field = options.get(b"name")
+        if field is None:
+            self._fail(BadUpload("a part of the form has no name (Content-Disposition: form-data; name=...)",
+                                 code="invalid_multipart"))
+            return
+        name = field.decode(self._charset, errors="replace")
+        self._field = name
+        filename = options.get(b"filename")
+        if filename is None:
+            if name not in TEXT_FIELDS:
+                self._fail(_unknown_or_misplaced(name, file=False))
+                return
+            self._text = bytearray()
+            return
+        if name not in FILE_FIELDS:
+            self._fail(_unknown_or_misplaced(name, file=True))
+            return
+        try:
+            self._file = self._place(name, filename.decode(self._charset, errors="replace"))
+        except BadUpload as exc:
+            self._fail(exc)
+
+    def _place(self, field: str, filename: str) -> Path:
+        """Where a file part goes in the upload folder (and which list it joins)."""
+        upload = self.upload
+        if field == "transcripts":
+            suffix = Path(filename).suffix.lower()
+            if suffix not in TRANSCRIPT_SUFFIXES:
+                raise BadUpload(f"transcripts file {filename!r}: use .json, .csv, .tsv or .txt",
+                                code="transcripts", param="transcripts")
+            if upload.transcripts is not None:
+                raise BadUpload("send one transcripts manifest", code="transcripts", param="transcripts")
+            upload.transcripts = upload.folder / f"transcripts{suffix}"
+            return upload.transcripts
+        name = _file_name(filename)
+        if name in self._names:
+            raise BadUpload(f"two files are named {name!r}; transcripts are matched by file name, so rename one",
+                            param="files", code="duplicate_file_name")
+        if len(self._names) >= MAX_FILES:
+            raise BadUpload(f"more than {MAX_FILES} files; join recordings into longer files", param="files",
+                            code="too_many_files")
+        self._names.add(name)
+        path = upload.audio_dir / name
+        (upload.sidecars if path.suffix.lower() == SIDECAR_SUFFIX else upload.audio).append(path)
+        return path
+
+    def _part_data(self, data: bytes, start: int, end: int) -> None:
+        if self._error is not None:
+            return
+        if self._file is not None:
+            self._writes.append((self._file, data[start:end]))
+        elif self._text is not None:
+            if len(self._text) + end - start > MAX_FIELD_BYTES:
+                self._fail(BadUpload(f"form field {self._field!r} is over {MAX_FIELD_BYTES} bytes; send long "
+                                     "transcripts as a file", param=self._field, code="field_too_long"))
+                return
+            self._text += data[start:end]
+
+    def _part_end(self) -> None:
+        if self._error is not None:
+            return
+        if self._file is not None:
+            self._writes.append((self._file, b""))  # an empty file still exists
+            return
+        if self._text is None:
+            return
+        text = self._text.decode(self._charset, errors="replace")
+        upload = self.upload
+        if self._field == "name":
+            try:
+                upload.name = self._check_name(text)
+            except BadUpload as exc:
+                self._fail(exc)
+        elif self._field == "consent":
+            upload.consent = text
+        elif self._field == "transcripts":
+            if upload.transcripts is not None:
+                self._fail(BadUpload("send one transcripts manifest", code="transcripts", param="transcripts"))
+                return
+            upload.transcripts = upload.folder / "transcripts.txt"
+            self._writes.append((upload.transcripts, text.encode("utf-8")))
+
+    def _end(self) -> None:
+        self._ended = True
+
+
+def _file_name(filename: str) -> str:
+    """The upload's own file name (no folders), if it can be stored and matched as it is."""
+    name = filename.replace("\\", "/").rsplit("/", 1)[-1].strip()
+    if (not name or name.startswith(".") or len(name.encode()) > MAX_FILE_NAME_BYTES
+            or any(ord(c) < 32 or c == "\x7f" for c in name)):
+        raise BadUpload(f"file name {filename[:80]!r} cannot be stored: use a plain name such as take1.wav "
+                        "(not starting with '.', no control characters)", param="files", code="invalid_file_name")
+    return name
+
+
+def _unknown_or_misplaced(field: str, *, file: bool) -> BadUpload:
+    if field in TEXT_FIELDS | FILE_FIELDS:
+        what = "a file" if field in FILE_FIELDS else "text"
+        return BadUpload(f"form field {field!r} must be {what}", param=field, code="invalid_value")
+    return BadUpload(f"Unrecognized request argument supplied: {field[:64]} (the fields are name, files, "
+                     "transcripts and consent)", param=field[:64], code="unknown_parameter")

@@ -1,0 +1,260 @@
+"""The plugin's seam to the fleet: open an utterance, feed it text, read its audio.
+
+    Transport.open(voice, text, options) -> Opened(utterance, acquire_s, connection_reused)
+    Utterance: push(text) / flush() / end() / cancel() / audio() -> PCM chunks / done
+
+Two implementations, one plugin:
+- `PoolTransport`: inside the platform, over `gpu_worker.pool.WorkerPool` (ring routing or a fixed
+  list of URLs, the cluster token, one multiplexed websocket per worker, retry on another replica
+  before the first audio).
+- `GatewayTransport`: an app developer's own agent, outside the fleet, through the public gateway's
+  text-in websocket (`/v1/tts/stream`) with a tenant API key. It speaks the same worker-protocol
+  messages over one multiplexed socket (`gpu_worker.client.WorkerClient`), redialed when it drops;
+  the gateway routes and retries behind it. Voice names are the tenant's.
+
+**Errors.** Everything that ends an utterance is raised as `WorkerRequestError` carrying the
+protocol's `Error` (code, message, retryable; codes in docs/protocol.md), whether a worker, the
+pool or this boundary produced it: Redis never read and an empty ring become `no_worker`
+(retryable), an unusable voice id `bad_request`. The plugin maps those codes to livekit's errors
+in one place. Messages never carry the Redis password or the token.
+
+Light: imports `gpu_worker.pool` / `.protocol` / `.client` and `hashring`, never torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from typing import NamedTuple, Protocol
+
+from websockets.exceptions import InvalidStatus, WebSocketException
+
+from gpu_worker.client import UtteranceStream, WorkerClient, WorkerConnectionLost, WorkerRequestError
+from gpu_worker.pool import PoolSettings, RingRouter, WorkerPool
+from gpu_worker.protocol import Done, Error, UtteranceOptions
+from hashring.errors import RingError
+from hashring.membership import RingWatcher
+from hashring.settings import RingSettings
+from hashring.store import RingStore
+
+__all__ = ["GatewayTransport", "Opened", "PoolTransport", "Transport", "Utterance"]
+
+
+class Utterance(Protocol):
+    """One context on the fleet (`gpu_worker.pool.PoolStream` is one)."""
+
+    done: Done | None  # the worker's stats once it completed (None while running, or if it failed)
+
+    async def push(self, text: str) -> None: ...
+
+    async def flush(self) -> None: ...
+
+    async def end(self) -> None: ...
+
+    async def cancel(self) -> None: ...
+
+    def audio(self) -> AsyncIterator[bytes]:
+        """24 kHz mono s16le chunks until `done`; raises `WorkerRequestError` if the utterance fails."""
+        ...
+
+
+class Opened(NamedTuple):
+    utterance: Utterance
+    acquire_s: float  # routing + connection (dial, if any) + sending the start
+    connection_reused: bool  # no new connection was opened for it
+
+
+class Transport(Protocol):
+    async def open(self, voice: str, text: str, options: UtteranceOptions) -> Opened:
+        """Start an utterance (``text`` may be empty: more follows by `push`); raises
+        `WorkerRequestError` when no worker takes it."""
+        ...
+
+    async def prewarm(self, voice: str) -> int:
+        """Open connections to the voice's workers ahead of traffic; how many are connected."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class PoolTransport:
+    """Utterances through a `WorkerPool` (cluster token, ring or static routing).
+
+    `ring(...)`: a Redis URL (the transport then owns a `RingStore` + `RingWatcher` of its own,
+    started on first use, retried on the next use while Redis is down, closed by `aclose`) or a
+    running `RingWatcher` that the caller owns. `static(...)`: fixed worker URLs, no Redis."""
+
+    def __init__(self, pool: WorkerPool, *, own_ring: tuple[RingStore, RingWatcher] | None = None) -> None:
+        self._pool = pool
+        self._own_ring = own_ring
+        self._watching = False
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def ring(cls, ring: str | RingWatcher, *, settings: RingSettings | None = None, token: str | None = None,
+             pool_settings: PoolSettings | None = None) -> PoolTransport:
+        """``settings``: the fleet's ring settings (vnodes, replicas and, with a URL, the key prefix:
+        every process of a fleet agrees); with a URL its ``redis_url`` is that URL."""
+        settings = settings or RingSettings()
+        pool_settings = replace(pool_settings or PoolSettings(), token=token)
+        if isinstance(ring, RingWatcher):
+            return cls(WorkerPool(RingRouter(ring, settings), pool_settings))
+        settings = replace(settings, redis_url=ring)
+        store = RingStore(settings)
+        watcher = RingWatcher(store)
+        return cls(WorkerPool(RingRouter(watcher, settings), pool_settings), own_ring=(store, watcher))
+
+    @classmethod
+    def static(cls, urls: Sequence[str], *, token: str | None = None,
+               pool_settings: PoolSettings | None = None) -> PoolTransport:
+        return cls(WorkerPool.static(urls, replace(pool_settings or PoolSettings(), token=token)))
+
+    @property
+    def pool(self) -> WorkerPool:
+        return self._pool
+
+    async def open(self, voice: str, text: str, options: UtteranceOptions) -> Opened:
+        await self._watch()
+        began, handshakes = time.perf_counter(), self._pool.handshakes
+        try:
+            stream = await self._pool.start(voice, text, options=options)
+        except RingError as exc:  # a voice id routing refuses (the pool maps an empty ring itself)
+            raise _no_route(exc) from None
+        # Another utterance's dial in the same moment counts as not reused: the conservative reading.
+        return Opened(stream, time.perf_counter() - began, self._pool.handshakes == handshakes)
+
+    async def prewarm(self, voice: str) -> int:
+        await self._watch()
+        try:
+            return await self._pool.prewarm(voice)
+        except RingError as exc:
+            raise _no_route(exc) from None
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+        if self._own_ring is not None:
+            store, watcher = self._own_ring
+            await watcher.aclose()
+            await store.aclose()
+
+    async def _watch(self) -> None:
+        """Start the ring watcher this transport owns, once (no-op for a caller's watcher)."""
+        if self._own_ring is None or self._watching:
+            return
+        async with self._lock:
+            if self._watching:
+                return
+            _, watcher = self._own_ring
+            try:
+                await watcher.start()
+            except RingError as exc:  # Redis down before the first read: no ring to route on yet
+                raise WorkerRequestError(Error("no_worker", f"no worker ring has been read yet: {exc.message}",
+                                               exc.retryable)) from None
+            self._watching = True
+
+
+def _no_route(exc: RingError) -> WorkerRequestError:
+    return WorkerRequestError(Error("no_worker" if exc.retryable else "bad_request", exc.message, exc.retryable))
+
+
+class GatewayTransport:
+    """Utterances through the public gateway's `/v1/tts/stream` with a tenant API key.
+
+    ``url``: the gateway's base URL (`https://voices.example.com` or `ws://127.0.0.1:8000`; the
+    stream path is added). One websocket carries every utterance (many contexts), opened on
+    first use or by `prewarm`, and opened again after it dropped."""
+
+    def __init__(self, url: str, api_key: str, *, open_timeout_s: float = 10.0) -> None:
+        base = url.rstrip("/").replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+        self.url = base if base.endswith("/v1/tts/stream") else f"{base}/v1/tts/stream"
+        self._key = api_key
+        self._open_timeout_s = open_timeout_s
+        self._client: WorkerClient | None = None
+        self._lock = asyncio.Lock()
+        self.connections = 0  # websockets opened over the transport's life
+
+    async def open(self, voice: str, text: str, options: UtteranceOptions) -> Opened:
+        began = time.perf_counter()
+        client, reused = await self._connected()
+        try:
+            stream = await client.start(voice, text, options=options)
+        except WorkerConnectionLost as exc:
+            raise WorkerRequestError(Error("no_worker", f"the gateway connection dropped: {exc}", True)) from None
+        return Opened(_GatewayUtterance(stream), time.perf_counter() - began, reused)
+
+    async def prewarm(self, voice: str) -> int:
+        await self._connected()
+        return 1
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def _connected(self) -> tuple[WorkerClient, bool]:
+        async with self._lock:
+            if self._client is not None and not self._client.closed:
+                return self._client, True
+            try:
+                self._client = await WorkerClient.connect(self.url, open_timeout=self._open_timeout_s, token=self._key)
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                raise WorkerRequestError(Error("unauthorized" if status == 401 else "gateway_refused",
+                                               f"the gateway at {self.url} refused the connection (HTTP {status}): "
+                                               + _reason(exc), status >= 500)) from None
+            except (OSError, TimeoutError, WebSocketException) as exc:
+                raise WorkerRequestError(Error("no_worker", f"cannot reach the gateway at {self.url} "
+                                                            f"({type(exc).__name__})", True)) from None
+            self.connections += 1
+            return self._client, False
+
+
+class _GatewayUtterance:
+    """A `WorkerClient` stream whose dropped connection is a `WorkerRequestError` like every other
+    failure: retryable before any audio (nothing was heard), `worker_lost` after."""
+
+    def __init__(self, stream: UtteranceStream) -> None:
+        self._stream = stream
+
+    @property
+    def done(self) -> Done | None:
+        return self._stream.done
+
+    async def push(self, text: str) -> None:
+        await self._guard(self._stream.push(text))
+
+    async def flush(self) -> None:
+        await self._guard(self._stream.flush())
+
+    async def end(self) -> None:
+        await self._guard(self._stream.end())
+
+    async def cancel(self) -> None:
+        await self._guard(self._stream.cancel())
+
+    async def audio(self) -> AsyncIterator[bytes]:
+        try:
+            async for pcm in self._stream.audio():
+                yield pcm
+        except WorkerConnectionLost:
+            heard = self._stream.first_audio_at is not None
+            raise WorkerRequestError(Error("worker_lost" if heard else "no_worker",
+                                           "the gateway connection dropped mid-utterance", not heard)) from None
+
+    async def _guard(self, sending) -> None:
+        try:
+            await sending
+        except WorkerConnectionLost:
+            pass  # audio() reports the drop
+
+
+def _reason(exc: InvalidStatus) -> str:
+    try:
+        import json
+
+        return json.loads(exc.response.body)["error"]["message"]
+    except Exception:  # not the gateway's JSON error: say only the status
+        return "no reason given"
+

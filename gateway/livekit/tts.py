@@ -1,0 +1,351 @@
+"""voicering as a livekit-agents 1.8 TTS: cloned Orpheus voices from the GPU fleet.
+
+    tts = TTS(voice="tara", ring="redis://10.0.0.5:6379/0", cluster_token=token)
+    session = AgentSession(stt=..., llm=..., tts=tts)
+
+**Routing.** `ring=` (a Redis URL, or a `RingWatcher` the caller runs) sends each utterance to the
+voice's owning worker over the shared `gpu_worker.pool.WorkerPool`: one multiplexed websocket per
+worker for every stream of this TTS, so a turn costs no handshake and an interrupted turn costs no
+reconnect. `workers=[url, ...]` does the same over fixed URLs. `transport=` plugs in any other
+`gateway.livekit.transport.Transport` (the public gateway's websocket, for apps outside the
+platform).
+
+**Streaming** (`stream()`, what the agent's `tts_node` uses): one worker context per stream,
+opened at the first non-blank text; text is forwarded as it arrives and the worker is asked to
+speak (`flush`) at each complete sentence (`sentences.py`), so the first sentence is heard while
+the LLM still writes; audio is pushed to the framework chunk by chunk. `aclose()` (an
+interruption) cancels the context on the worker at once (its engine request is aborted) and
+nothing of it is emitted afterwards. A turn with no text ends cleanly: no context, no audio, no
+"no audio frames" error. `synthesize()` speaks one text as one utterance.
+
+**Errors** (worker-protocol codes -> livekit's, in `api_error`): retryable only while none of the
+stream's audio reached the framework (its retry replays the input; the pool has already tried
+other replicas by then), never after: `busy`, `no_worker`, `engine_error`, `worker_timeout`, a
+lost connection -> `APIConnectionError` (retryable); `unknown_voice` -> `APIStatusError` 404
+naming the voice; `bad_request`/`empty_text` 400, `text_too_long` 413, `bad_adapter` 422 (not
+retryable); `worker_lost` and every error after the first audio -> not retryable. `body` holds
+``{"code", "voice"}``.
+
+**Metrics**: the framework's `metrics_collected` (`TTSMetrics`: TTFB from the first text sent,
+audio duration, ...) with `acquire_time` (routing + connection + start) and `connection_reused`
+(no handshake was needed) filled in by this plugin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from livekit.agents import APIConnectionError, APIConnectOptions, APIError, APIStatusError, APITimeoutError, tts, utils
+from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS
+
+from gateway.livekit.sentences import DEFAULT_MIN_SENTENCE_CHARS, SentenceSplitter
+from gateway.livekit.transport import Opened, PoolTransport, Transport, Utterance
+from gpu_worker.client import WorkerRequestError
+from gpu_worker.pool import PoolSettings
+from gpu_worker.protocol import UtteranceOptions
+from hashring.errors import InvalidVoiceId
+from hashring.membership import RingWatcher
+from hashring.records import check_voice_id
+from hashring.settings import RingSettings
+
+__all__ = ["NUM_CHANNELS", "SAMPLE_RATE", "ChunkedStream", "SynthesizeStream", "TTS", "TTSOptions", "api_error"]
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000  # what every worker sends: 24 kHz mono s16le (docs/protocol.md)
+NUM_CHANNELS = 1
+CANCEL_TIMEOUT_S = 1.0  # the longest closing a stream waits to hand the worker its cancel
+_STATUS = {"unknown_voice": 404, "bad_request": 400, "empty_text": 400, "text_too_long": 413, "bad_adapter": 422,
+           # the public gateway's own codes (GatewayTransport)
+           "voice_not_found": 404, "unauthorized": 401, "voice_not_ready": 409, "gateway_refused": 403}
+_RATE_LIMITED = frozenset({"streams_limit_exceeded", "requests_limit_exceeded"})  # the tenant's limits: 429
+_CONNECTION = frozenset({"busy", "no_worker", "engine_error", "internal", "worker_timeout", "worker_lost"})
+
+
+@dataclass(frozen=True, slots=True)
+class TTSOptions:
+    """What a stream speaks with; copied into each stream when it starts (`update_options` never
+    reaches a running stream)."""
+
+    voice: str
+    utterance: UtteranceOptions = field(default_factory=UtteranceOptions)  # seed, temperature, max_tokens, ...
+    min_sentence_chars: int = DEFAULT_MIN_SENTENCE_CHARS  # shorter sentences are spoken with the next
+
+
+def api_error(exc: WorkerRequestError, voice: str, *, after_audio: bool) -> APIError:
+    """livekit's error for a failed utterance; never retryable once its audio reached the framework."""
+    e = exc.error
+    retryable = e.retryable and not after_audio
+    body = {"code": e.code, "voice": voice}
+    if e.code in _RATE_LIMITED:
+        return APIStatusError(f"voicering: {e.message}", status_code=429, body=body, retryable=retryable)
+    if e.code in ("unknown_voice", "voice_not_found"):
+        return APIStatusError(f"voice {voice!r} is not available on the voicering fleet: {e.message}", status_code=404,
+                              body=body, retryable=False)
+    if e.code in _STATUS:
+        return APIStatusError(f"voicering refused the utterance ({e.code}): {e.message}", status_code=_STATUS[e.code],
+                              body=body, retryable=False)
+    if e.code in _CONNECTION:
+        error = APIConnectionError(f"voicering: {e.code}: {e.message}", retryable=retryable)
+        error.body = body
+        return error
+    return APIError(f"voicering: {e.code}: {e.message}", body=body, retryable=retryable)
+
+
+def _voice(voice: str) -> str:
+    try:
+        return check_voice_id(voice)
+    except InvalidVoiceId as exc:
+        raise ValueError(exc.message) from None
+
+
+class TTS(tts.TTS):
+    def __init__(self, *, voice: str, ring: str | RingWatcher | None = None, workers: Sequence[str] | None = None,
+                 transport: Transport | None = None, cluster_token: str | None = None,
+                 options: UtteranceOptions | None = None, ring_settings: RingSettings | None = None,
+                 pool_settings: PoolSettings | None = None,
+                 min_sentence_chars: int = DEFAULT_MIN_SENTENCE_CHARS) -> None:
+        """Exactly one of ``ring`` (Redis URL or running `RingWatcher`), ``workers`` (URLs) or
+        ``transport``. ``cluster_token``: the workers' `VOICERING_WORKER_CLUSTER_TOKEN`.
+        ``ring_settings``: the fleet's (prefix, vnodes, replicas); ``options``: per-utterance knobs."""
+        super().__init__(capabilities=tts.TTSCapabilities(streaming=True), sample_rate=SAMPLE_RATE,
+                         num_channels=NUM_CHANNELS)
+        if sum(x is not None for x in (ring, workers, transport)) != 1:
+            raise ValueError("give exactly one of ring= (a Redis URL or RingWatcher), workers= (URLs) or transport=")
+        if min_sentence_chars < 0:
+            raise ValueError("min_sentence_chars must be >= 0")
+        self._opts = TTSOptions(_voice(voice), options or UtteranceOptions(), min_sentence_chars)
+        if ring is not None:
+            transport = PoolTransport.ring(ring, settings=ring_settings, token=cluster_token, pool_settings=pool_settings)
+        elif workers is not None:
+            transport = PoolTransport.static(list(workers), token=cluster_token, pool_settings=pool_settings)
+        assert transport is not None
+        self._transport = transport
+        self._streams: weakref.WeakSet[SynthesizeStream] = weakref.WeakSet()
+        self._prewarm_task: asyncio.Task[int] | None = None
+
+    @property
+    def model(self) -> str:
+        return "orpheus"
+
+    @property
+    def provider(self) -> str:
+        return "voicering"
+
+    @property
+    def options(self) -> TTSOptions:
+        return self._opts
+
+    @property
+    def transport(self) -> Transport:
+        return self._transport
+
+    def update_options(self, *, voice: str | None = None, options: UtteranceOptions | None = None,
+                       min_sentence_chars: int | None = None) -> None:
+        """Applies to streams started from now on; running ones keep the options they started with."""
+        changes: dict[str, object] = {}
+        if voice is not None:
+            changes["voice"] = _voice(voice)
+        if options is not None:
+            changes["utterance"] = options
+        if min_sentence_chars is not None:
+            if min_sentence_chars < 0:
+                raise ValueError("min_sentence_chars must be >= 0")
+            changes["min_sentence_chars"] = min_sentence_chars
+        self._opts = replace(self._opts, **changes)
+
+    def synthesize(self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> ChunkedStream:
+        return ChunkedStream(tts=self, input_text=text, conn_options=conn_options)
+
+    def stream(self, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> SynthesizeStream:
+        stream = SynthesizeStream(tts=self, conn_options=conn_options)
+        self._streams.add(stream)
+        return stream
+
+    def prewarm(self) -> None:
+        """Start opening connections to the voice's workers (the framework calls this without awaiting)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            log.debug("prewarm called outside an event loop: the first turn dials instead")
+            return
+        if self._prewarm_task is None or self._prewarm_task.done():
+            self._prewarm_task = asyncio.create_task(self._prewarm(), name="voicering-tts-prewarm")
+
+    async def warm(self) -> int:
+        """Open connections to the voice's workers now; returns how many are connected."""
+        return await self._transport.prewarm(self._opts.voice)
+
+    async def aclose(self) -> None:
+        """Close every open stream (their worker contexts are cancelled), then the connections."""
+        if self._prewarm_task is not None:
+            await utils.aio.cancel_and_wait(self._prewarm_task)
+        await asyncio.gather(*(stream.aclose() for stream in list(self._streams)), return_exceptions=True)
+        await self._transport.aclose()
+
+    async def _prewarm(self) -> int:
+        try:
+            return await self.warm()
+        except WorkerRequestError as exc:
+            log.warning("prewarm of voice %r failed (the first turn dials instead): %s", self._opts.voice, exc)
+            return 0
+
+
+class _Speech:
+    """One attempt's utterance: opened on its first text, drained into the emitter, and cancelled on
+    the worker unless it completed. Maps every transport error to livekit's at this boundary."""
+
+    def __init__(self, transport: Transport, opts: TTSOptions, emitter: tts.AudioEmitter,
+                 conn_options: APIConnectOptions) -> None:
+        self._transport = transport
+        self._opts = opts
+        self._emitter = emitter
+        self._conn_options = conn_options
+        self.opened: Opened | None = None
+        self.audio_pushed = False
+
+    @property
+    def utterance(self) -> Utterance | None:
+        return self.opened.utterance if self.opened else None
+
+    async def open(self, text: str) -> Opened:
+        try:
+            async with asyncio.timeout(self._conn_options.timeout or None):
+                self.opened = await self._transport.open(self._opts.voice, text, self._opts.utterance)
+        except TimeoutError:
+            raise APITimeoutError(f"voicering: no worker took voice {self._opts.voice!r} within "
+                                  f"{self._conn_options.timeout:g} s") from None
+        except WorkerRequestError as exc:
+            raise api_error(exc, self._opts.voice, after_audio=False) from exc
+        return self.opened
+
+    async def send(self, text: str, flush: bool) -> None:
+        utterance = self.utterance
+        assert utterance is not None
+        try:
+            if text:
+                await utterance.push(text)
+            if flush:
+                await utterance.flush()
+        except WorkerRequestError as exc:
+            raise api_error(exc, self._opts.voice, after_audio=self.audio_pushed) from exc
+
+    async def end(self) -> None:
+        utterance = self.utterance
+        assert utterance is not None
+        try:
+            await utterance.end()
+        except WorkerRequestError as exc:
+            raise api_error(exc, self._opts.voice, after_audio=self.audio_pushed) from exc
+
+    async def drain(self) -> None:
+        """Push every chunk to the emitter as it arrives, until the worker's `done`."""
+        utterance = self.utterance
+        assert utterance is not None
+        try:
+            async for pcm in utterance.audio():
+                self._emitter.push(pcm)
+                self.audio_pushed = True
+        except WorkerRequestError as exc:
+            raise api_error(exc, self._opts.voice, after_audio=self.audio_pushed) from exc
+        done = utterance.done
+        if done is not None and done.stats.finish_reason == "length":
+            log.debug("voicering: an engine request of voice %r hit its max_tokens; its audio is cut short",
+                      self._opts.voice)
+
+    async def aclose(self) -> None:
+        """Cancel the context on the worker unless it completed (interrupted, failed elsewhere)."""
+        utterance = self.utterance
+        if utterance is None or utterance.done is not None:
+            return
+        try:
+            async with asyncio.timeout(CANCEL_TIMEOUT_S):
+                await utterance.cancel()
+        except (TimeoutError, WorkerRequestError) as exc:
+            log.warning("voicering: could not cancel an utterance of voice %r (%s); the worker ends it when its "
+                        "connection closes or its idle timeout passes", self._opts.voice, exc)
+
+
+class ChunkedStream(tts.ChunkedStream):
+    """`synthesize()`: one text, one utterance."""
+
+    def __init__(self, *, tts: TTS, input_text: str, conn_options: APIConnectOptions) -> None:
+        self._opts = replace(tts.options)  # before the framework starts _run
+        super().__init__(tts=tts, input_text=input_text, conn_options=conn_options)
+        self._tts: TTS = tts
+
+    async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        output_emitter.initialize(request_id=utils.shortuuid(), sample_rate=SAMPLE_RATE, num_channels=NUM_CHANNELS,
+                                  mime_type="audio/pcm")
+        if not self._input_text.strip():
+            return  # nothing to say: no context, and the framework expects no audio
+        speech = _Speech(self._tts.transport, self._opts, output_emitter, self._conn_options)
+        try:
+            opened = await speech.open(self._input_text)
+            self._acquire_time, self._connection_reused = opened.acquire_s, opened.connection_reused
+            await speech.end()
+            await speech.drain()
+        finally:
+            await speech.aclose()
+
+
+class SynthesizeStream(tts.SynthesizeStream):
+    """`stream()`: one speech turn, LLM text in as it comes, audio out as it comes."""
+
+    def __init__(self, *, tts: TTS, conn_options: APIConnectOptions) -> None:
+        self._opts = replace(tts.options)  # before the framework starts _run
+        super().__init__(tts=tts, conn_options=conn_options)
+        self._tts: TTS = tts
+
+    async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        output_emitter.initialize(request_id=utils.shortuuid(), sample_rate=SAMPLE_RATE, num_channels=NUM_CHANNELS,
+                                  mime_type="audio/pcm", stream=True)
+        speech = _Speech(self._tts.transport, self._opts, output_emitter, self._conn_options)
+        splitter = SentenceSplitter(self._opts.min_sentence_chars)
+        opened = asyncio.Event()  # set once the utterance is open, or when input ended without one
+
+        async def send(text: str, flush: bool) -> None:
+            if speech.opened is not None:
+                await speech.send(text, flush)
+                return
+            if not text.strip():
+                return  # nothing to open a context for yet (a flush of nothing is nothing)
+            self._mark_started()
+            started = await speech.open(text)
+            self._acquire_time, self._connection_reused = started.acquire_s, started.connection_reused
+            output_emitter.start_segment(segment_id=utils.shortuuid())
+            opened.set()
+            if flush:
+                await speech.send("", True)
+
+        async def forward_text() -> None:
+            try:
+                async for item in self._input_ch:
+                    pieces = splitter.flush() if isinstance(item, self._FlushSentinel) else splitter.feed(item)
+                    for piece in pieces:
+                        await send(piece.text, piece.flush)
+                for piece in splitter.end():
+                    await send(piece.text, piece.flush)
+                if speech.opened is not None:
+                    await speech.end()
+            finally:
+                opened.set()
+
+        async def forward_audio() -> None:
+            await opened.wait()
+            if speech.opened is None:
+                return  # an empty turn: no context was opened
+            await speech.drain()
+            output_emitter.end_segment()
+
+        tasks = [asyncio.create_task(forward_text(), name="voicering-tts-text"),
+                 asyncio.create_task(forward_audio(), name="voicering-tts-audio")]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            await utils.aio.cancel_and_wait(*tasks)  # audio stops here: nothing of this context is emitted after
+            await speech.aclose()

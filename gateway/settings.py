@@ -1,0 +1,84 @@
+"""Gateway settings: one object per process, read once at start-up (env prefix VOICERING_GATEWAY_).
+
+Defaults are not repeated here: tenant limits are read off `TenantLimits`, the stream lease off
+`gateway.quotas`, the Redis timeout off hashring's `RingSettings`, each the one place it is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gateway.quotas import DEFAULT_STREAM_LEASE_S
+from gateway.tenants import DEFAULT_AUTH_CACHE_S, DEFAULT_PREFIX, TenantLimits
+from hashring.settings import REDIS_URL_ENV, RingSettings
+from lora_training.settings import DataParams, TrainParams
+
+__all__ = ["GatewaySettings"]
+
+_LIMITS = TenantLimits()
+_RING = RingSettings()
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VOICERING_GATEWAY_", frozen=True, populate_by_name=True)
+
+    # Redis: VOICERING_GATEWAY_REDIS_URL, else the fleet's VOICERING_REDIS_URL (as `voicering ring` reads it).
+    # None: nothing configured; the gateway then runs hashring's EmbeddedRedis and `voicering tenant`
+    # uses RingSettings' default URL (see default_redis_url).
+    redis_url: str | None = Field(None, validation_alias=AliasChoices("VOICERING_GATEWAY_REDIS_URL", REDIS_URL_ENV),
+                                  description="Redis holding tenants, keys, quotas and usage")
+    redis_timeout_s: float = Field(_RING.redis_timeout_s, gt=0, description="longest one Redis call may take")
+    tenant_prefix: str = Field(DEFAULT_PREFIX, min_length=1, description="Redis key prefix of the tenant layer "
+                                                                         "(every gateway of a fleet agrees)")
+    auth_cache_s: float = Field(DEFAULT_AUTH_CACHE_S, ge=0, description="while Redis is unreachable, a key verified "
+                                "this recently still authenticates (also the longest a revocation can lag)")
+    stream_lease_s: float = Field(DEFAULT_STREAM_LEASE_S, gt=0, description="a crashed gateway's stream slots "
+                                                                            "lapse after this long")
+    # limits of a new tenant (each tenant's own are kept in Redis; `voicering tenant limits` changes them)
+    default_max_streams: int = Field(_LIMITS.max_streams, ge=1, description="concurrent speech streams")
+    default_requests_per_minute: int = Field(_LIMITS.requests_per_minute, ge=1)
+    default_max_upload_bytes: int = Field(_LIMITS.max_upload_bytes, ge=1, description="bytes per upload")
+    default_max_voices: int = Field(_LIMITS.max_voices, ge=1)
+    default_max_training_jobs: int = Field(_LIMITS.max_training_jobs, ge=1, description="training jobs at once")
+
+    # serving
+    host: str = Field("127.0.0.1", description="address the HTTP server binds")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port (0: any free port)")
+    workers: tuple[str, ...] = Field((), description="fixed worker websocket URLs (no ring); empty: route by the "
+                                     "ring in Redis")
+    ring_prefix: str = Field(_RING.prefix, min_length=1, description="the workers' ring prefix in Redis")
+    cluster_token: str | None = Field(None, description="sent to workers as 'Authorization: Bearer'")
+    base_voices: tuple[str, ...] = Field(("tara", "leo"), description="platform voices every tenant may speak "
+                                         "(global voice ids the workers serve)")
+    max_input_chars: int = Field(4096, ge=1, description="characters of `input` one speech request may carry")
+    # voices and cloning
+    uploads_dir: Path = Field(Path("var/uploads"), description="where uploaded audio is kept until its voice is "
+                              "deleted (the trainers read it: shared storage in a fleet)")
+    voices_dir: Path = Field(Path("var/voices"), description="the adapter store the trainers publish into and "
+                             "the workers read (deleting a voice removes its adapter here)")
+    train_prefix: str = Field("voicering:train", min_length=1, description="Redis prefix of the training queue")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _blank_is_unset(cls, value: str | None) -> str | None:
+        return value or None
+
+    def default_limits(self) -> TenantLimits:
+        """Limits a tenant created without explicit ones gets."""
+        return TenantLimits(**{name: getattr(self, f"default_{name}") for name in TenantLimits.names()})
+
+    def default_redis_url(self) -> str:
+        """`redis_url`, or hashring's default URL when none is configured (for commands that need a
+        Redis that outlives them, where an embedded one would forget everything)."""
+        return self.redis_url or _RING.redis_url
+
+    # clone jobs (what POST /v1/voices submits; both travel inside each job, so every trainer runs it
+    # the same way; JSON in the environment: VOICERING_GATEWAY_CLONE_PARAMS='{"max_steps": 200}')
+    clone_data: DataParams = Field(DataParams(), description="which uploads a clone accepts (speech minutes, "
+                                   "sample rate, clipping) and how they are cut into clips")
+    clone_params: TrainParams = Field(TrainParams(), description="LoRA training parameters of clone jobs")
+    clone_asr: bool = Field(False, description="the trainers transcribe uploads that come without a transcript "
+                            "(they run with VOICERING_TRAIN_ASR_MODEL); off: such uploads are refused at once")

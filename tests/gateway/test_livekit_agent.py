@@ -1,0 +1,342 @@
+"""The voicering plugin inside livekit-agents' own `AgentSession`, run in-process with no room, and
+the agent server's parts: its entrypoint under livekit's fake job context, its text-input path,
+and its load function served by a real (unregistered) `AgentServer`.
+
+Real: the framework, the session's `voicering worker` (`worker-a`, real vLLM engine, stand-in
+weights) and the session's Redis ring. Stand-ins, because the real thing needs an external AI
+service or a LiveKit server: `ScriptedLLM` (replays a fixed reply word by word, as an LLM streams
+it; no STT or VAD is configured, the user's turn is given as text) and `RecordingSink` (the room's
+audio track: records the frames and plays them out in real time, as livekit's own test sink does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pickle
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from livekit import rtc
+from livekit.agents import Agent, AgentSession, APIConnectOptions, llm
+from livekit.agents.testing import fake_job_context
+from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
+from livekit.agents.voice.room_io import TextInputEvent
+
+from gateway.livekit import TTS
+from gateway.livekit.agent import FleetLoad, VoiceAgent, build_server, fleet_load, speak_text
+from gateway.livekit.sentences import SentenceSplitter
+from gateway.livekit.settings import AgentSettings
+from gpu_worker.client import WorkerClient
+from gpu_worker.process import free_port
+from gpu_worker.protocol import UtteranceOptions
+from hashring.membership import RingWatcher
+from hashring.records import RingView, Snapshot, WorkerInfo
+from hashring.settings import RingSettings
+from hashring.store import RingStore
+from tests.fixtures.models import CLUSTER_PREFIX
+
+VOICE = "tara"
+VOICERING = Path(sys.executable).parent / "voicering"
+REPLY = "Sure, I can help you with that today. Let me think about it for a moment."
+
+
+class ScriptedLLM(llm.LLM):
+    """Stands in for an external LLM service: every chat streams `reply` word by word."""
+
+    def __init__(self, reply: str, gap_s: float = 0.02) -> None:
+        super().__init__()
+        self.reply = reply
+        self.gap_s = gap_s
+        self.calls = 0
+
+    def chat(self, *, chat_ctx, tools=None, conn_options=APIConnectOptions(), **_: object) -> llm.LLMStream:
+        self.calls += 1
+        return _ScriptedStream(self, chat_ctx=chat_ctx, tools=tools or [], conn_options=conn_options)
+
+
+class _ScriptedStream(llm.LLMStream):
+    async def _run(self) -> None:
+        words = self._llm.reply.split(" ")
+        for i, word in enumerate(words):
+            delta = word if i == 0 else " " + word
+            self._event_ch.send_nowait(llm.ChatChunk(id="scripted", delta=llm.ChoiceDelta(role="assistant",
+                                                                                           content=delta)))
+            await asyncio.sleep(self._llm.gap_s)
+
+
+class RecordingSink(AudioOutput):
+    """Stands in for the room's audio track: records every frame, plays out in real time."""
+
+    def __init__(self) -> None:
+        super().__init__(label="RecordingSink", capabilities=AudioOutputCapabilities(pause=False))
+        self.frames: list[rtc.AudioFrame] = []
+        self.first_frame = asyncio.Event()
+        self._pushed_s = 0.0
+        self._started_at = 0.0
+        self._finish: asyncio.TimerHandle | None = None
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+        if not self._pushed_s:
+            self._started_at = time.monotonic()
+            self.on_playback_started(created_at=time.time())
+        self.frames.append(frame)
+        self.first_frame.set()
+        self._pushed_s += frame.duration
+
+    def flush(self) -> None:
+        super().flush()
+        if not self._pushed_s:
+            return
+        played = self._pushed_s
+
+        def finished() -> None:
+            self._pushed_s = 0.0
+            self.on_playback_finished(playback_position=played, interrupted=False)
+
+        self._finish = asyncio.get_running_loop().call_later(
+            max(0.0, played - (time.monotonic() - self._started_at)), finished)
+
+    def clear_buffer(self) -> None:
+        if not self._pushed_s:
+            return
+        if self._finish is not None:
+            self._finish.cancel()
+        position = min(self._pushed_s, time.monotonic() - self._started_at)
+        self._pushed_s = 0.0
+        self.on_playback_finished(playback_position=position, interrupted=True)
+
+    @property
+    def pcm(self) -> bytes:
+        return b"".join(f.data.tobytes() for f in self.frames)
+
+
+def opts(seed: int, max_tokens: int = 15) -> UtteranceOptions:
+    return UtteranceOptions(max_tokens=max_tokens, seed=seed)
+
+
+async def direct(url: str, text: str, options: UtteranceOptions) -> bytes:
+    """What the worker sends for `text` spoken the way the plugin sends it (a flush per sentence)."""
+    splitter = SentenceSplitter()
+    pieces = splitter.feed(text) + splitter.end()
+    async with await WorkerClient.connect(url) as client:
+        stream = await client.start(VOICE, "", options=options)
+        for piece in pieces:
+            if piece.text:
+                await stream.push(piece.text)
+            if piece.flush:
+                await stream.flush()
+        await stream.end()
+        return b"".join([chunk async for chunk in stream.audio()])
+
+
+def without_end_marker(pcm: bytes) -> bytes:
+    """Drop the framework's synthetic 10 ms end-of-segment marker (zeros), if it sent one."""
+    marker = b"\0" * 480
+    return pcm[:-480] if pcm.endswith(marker) else pcm
+
+
+async def started_session(plugin: TTS, reply: str = REPLY) -> tuple[AgentSession, RecordingSink, ScriptedLLM]:
+    scripted = ScriptedLLM(reply)
+    session = AgentSession(llm=scripted, tts=plugin, vad=None, turn_handling={"turn_detection": "manual"})
+    sink = RecordingSink()
+    session.output.audio = sink
+    await session.start(Agent(instructions="You are a test voice."))
+    return session, sink, scripted
+
+
+async def test_an_agent_session_speaks_the_llm_reply_through_the_plugin(worker):
+    plugin = TTS(voice=VOICE, workers=[worker.url], options=opts(seed=81))
+    session, sink, scripted = await started_session(plugin)
+    try:
+        handle = session.generate_reply(user_input="Can you help me?")
+        await asyncio.wait_for(handle.wait_for_playout(), timeout=120)
+        assert not handle.interrupted and scripted.calls == 1
+    finally:
+        await session.aclose()
+        await plugin.aclose()
+    assert sink.frames and {(f.sample_rate, f.num_channels) for f in sink.frames} == {(24000, 1)}
+    assert without_end_marker(sink.pcm) == await direct(worker.url, REPLY, opts(seed=81))
+
+
+async def test_an_interruption_stops_the_speech_and_the_worker_drops_the_context(worker):
+    plugin = TTS(voice=VOICE, workers=[worker.url], options=opts(seed=82, max_tokens=7 * 80 + 1))
+    session, sink, _ = await started_session(plugin, reply="This reply is long and will be cut off by the user. "
+                                                        "It keeps going for quite a while after that.")
+    try:
+        handle = session.generate_reply(user_input="Tell me a long story.")
+        await asyncio.wait_for(sink.first_frame.wait(), timeout=120)
+        await session.interrupt()
+        frames_at_interrupt = len(sink.frames)
+        health = await worker.wait_idle(timeout=10)  # the worker's context is gone (engine request aborted)
+        await asyncio.sleep(0.5)
+        assert handle.interrupted and health["active_streams"] == 0
+        assert len(sink.frames) == frames_at_interrupt  # nothing of the cut turn arrives afterwards
+        # the same session speaks again (a short line) on the same connection
+        plugin.update_options(options=opts(seed=87))
+        nxt = session.say("And now something else.")
+        await asyncio.wait_for(nxt.wait_for_playout(), timeout=120)
+        assert len(sink.frames) > frames_at_interrupt and plugin.transport.pool.handshakes == 1
+    finally:
+        await session.aclose()
+        await plugin.aclose()
+
+
+async def test_participant_text_interrupts_and_is_spoken_as_sent(worker):
+    """The agent server's text path (what a chat message or text stream runs), minus the room."""
+    plugin = TTS(voice=VOICE, workers=[worker.url], options=opts(seed=83, max_tokens=7 * 80 + 1))
+    session = AgentSession(tts=plugin, vad=None, turn_handling={"turn_detection": "manual"})
+    sink = RecordingSink()
+    session.output.audio = sink
+    await session.start(Agent(instructions="unused: no LLM"))
+    try:
+        long = session.say("A long line that the next message will cut short, right in its middle.")
+        await asyncio.wait_for(sink.first_frame.wait(), timeout=120)
+        assert await speak_text(session, TextInputEvent(text="   ")) is None  # blank: interrupts, says nothing
+        assert long.interrupted
+        await worker.wait_idle(timeout=10)
+        plugin.update_options(options=opts(seed=84))
+        before = len(sink.frames)
+        spoken = await speak_text(session, TextInputEvent(text="Hello from the game."))
+        assert spoken is not None
+        await asyncio.wait_for(spoken.wait_for_playout(), timeout=120)
+        assert not spoken.interrupted
+    finally:
+        await session.aclose()
+        await plugin.aclose()
+    said = b"".join(f.data.tobytes() for f in sink.frames[before:])
+    assert without_end_marker(said) == await direct(worker.url, "Hello from the game.", opts(seed=84))
+
+
+def agent_settings(redis_url: str, **more) -> AgentSettings:
+    return AgentSettings(voice=VOICE, redis_url=redis_url, ring_prefix=CLUSTER_PREFIX, seed=85, **more)
+
+
+async def test_the_entrypoint_joins_under_livekit_s_fake_job_context(worker, redis_url):
+    """Everything but the LiveKit server: the room is a real, unconnected `rtc.Room`."""
+    entry = VoiceAgent(agent_settings(redis_url))
+    with fake_job_context(room=rtc.Room()) as ctx:
+        session = await asyncio.wait_for(entry.start(ctx), timeout=60)
+        voice = session.tts
+        try:
+            assert isinstance(voice, TTS) and voice.options.voice == VOICE and voice.options.utterance.seed == 85
+            pool = voice.transport.pool
+            deadline = time.monotonic() + 30  # prewarm dials the voice's owner in the background
+            while not pool.connections("worker-a"):
+                assert time.monotonic() < deadline, "prewarm never connected to the voice's owner"
+                await asyncio.sleep(0.1)
+            events = [ev async for ev in voice.synthesize("Hello.")]
+            assert events and pool.handshakes == 1  # routed through the ring to the prewarmed connection
+        finally:
+            await session.aclose()
+            await voice.aclose()
+    options = entry.room_options()
+    assert options.audio_input is False and options.text_input.text_input_cb is speak_text
+    with_llm = VoiceAgent(agent_settings(redis_url, llm="openai/gpt-4.1-mini")).room_options()
+    assert with_llm.text_input.text_input_cb is not speak_text  # the framework's own: text goes to the LLM
+
+
+def view_of(workers: dict[str, tuple[int, int, str]]) -> RingView:
+    """A ring view from records: id -> (load, capacity, 'live' | 'draining' | 'down')."""
+    infos = {wid: WorkerInfo(wid, f"ws://{wid}", f"ws://{wid}", capacity=cap) for wid, (_, cap, _) in workers.items()}
+    live = frozenset(w for w, (_, _, st) in workers.items() if st != "down")
+    draining = frozenset(w for w, (_, _, st) in workers.items() if st == "draining")
+    snap = Snapshot(epoch=1, server_time=100.0, workers=infos, heartbeats={w: 99.0 for w in workers}, live=live,
+                    draining=draining, loads={w: load for w, (load, _, _) in workers.items()}, replicas={},
+                    auto_replicas={})
+    return RingView.from_snapshot(snap, vnodes=16)
+
+
+def test_fleet_load_is_streams_over_capacity_of_the_workers_in_the_ring():
+    assert fleet_load(view_of({"a": (4, 8, "live"), "b": (2, 16, "live")})) == pytest.approx(6 / 24)
+    assert fleet_load(view_of({"a": (4, 8, "live"), "b": (7, 8, "draining"), "c": (8, 8, "down")})) == 0.5
+    assert fleet_load(view_of({"a": (9, 8, "live")})) == 1.0  # capped
+    assert fleet_load(view_of({})) == 1.0 and fleet_load(view_of({"a": (0, 8, "down")})) == 1.0  # nothing can speak
+
+
+async def test_the_agent_server_reports_the_fleet_s_real_load_from_the_ring(worker, redis_url):
+    settings = RingSettings(redis_url=redis_url, prefix=CLUSTER_PREFIX)
+    plugin = TTS(voice=VOICE, workers=[worker.url], options=opts(seed=86, max_tokens=7 * 200 + 1))
+    async with RingStore(settings) as store, RingWatcher(store) as watcher:
+        load = FleetLoad(watcher)
+        port = free_port()
+        server = build_server(agent_settings(redis_url, http_port=port), load)
+        running = asyncio.create_task(server.run(devmode=True, unregistered=True))
+        streams = []
+        try:
+            async def reported() -> float:
+                def get() -> float:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/worker", timeout=2) as resp:
+                        return json.loads(resp.read()).get("worker_load", 0.0)  # proto JSON omits a zero
+                for _ in range(100):
+                    try:
+                        return await asyncio.to_thread(get)
+                    except OSError:
+                        await asyncio.sleep(0.1)
+                raise AssertionError("the agent server's /worker never answered")
+
+            async def until(predicate, what: str) -> float:
+                deadline = time.monotonic() + 30
+                while not predicate(value := await reported()):
+                    assert time.monotonic() < deadline, f"{what}: the server reported {value}"
+                    await asyncio.sleep(0.2)
+                return value
+
+            await worker.wait_idle(timeout=10)
+            await until(lambda v: v == 0.0 == fleet_load(watcher.view), "idle fleet")  # heartbeats lag ~1-3 s
+            for text in ("One long line to keep a slot busy. ", "Another long line for a second slot. "):
+                stream = plugin.stream()
+                stream.push_text(text)
+                streams.append(stream)
+            for stream in streams:
+                await asyncio.wait_for(anext(aiter(stream)), timeout=120)
+            view = watcher.view
+            capacity = sum(st.info.capacity for wid, st in view.workers.items() if wid in view.ring)
+            busy = await until(lambda v: v == pytest.approx(2 / capacity), "load with two streams open")
+            assert load() == pytest.approx(busy) and 0 < busy < 1
+            for stream in streams:
+                await stream.aclose()
+            await until(lambda v: v == 0.0, "load after the streams closed")
+        finally:
+            for stream in streams:
+                await stream.aclose()
+            await plugin.aclose()
+            await server.aclose()
+            await running
+        await worker.wait_idle(timeout=10)
+
+
+async def test_voicering_agent_reads_the_ring_then_says_what_livekit_setting_is_missing(redis_url):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIVEKIT_", "VOICERING_AGENT_"))}
+    env |= {"VOICERING_AGENT_VOICE": VOICE, "VOICERING_REDIS_URL": redis_url, "VOICERING_AGENT_RING_PREFIX": CLUSTER_PREFIX}
+    proc = await asyncio.create_subprocess_exec(str(VOICERING), "agent", env=env, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    out = (await asyncio.wait_for(proc.communicate(), 120))[0].decode()
+    assert proc.returncode == 1 and "LIVEKIT_URL" in out, out
+    env["VOICERING_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: refused before LiveKit
+    proc = await asyncio.create_subprocess_exec(str(VOICERING), "agent", env=env, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    out = (await asyncio.wait_for(proc.communicate(), 120))[0].decode()
+    assert proc.returncode == 1 and "unreachable" in out, out
+
+
+def test_agent_settings_read_livekit_s_own_names_and_refuse_a_bad_voice(monkeypatch):
+    monkeypatch.setenv("LIVEKIT_URL", "wss://example.livekit.cloud")
+    monkeypatch.setenv("LIVEKIT_API_SECRET", "s3cret-s3cret")
+    monkeypatch.setenv("VOICERING_AGENT_VOICE", "leo")
+    settings = AgentSettings()
+    assert settings.livekit_url == "wss://example.livekit.cloud" and settings.voice == "leo"
+    assert "s3cret" not in repr(settings)  # secrets never printed
+    with pytest.raises(ValueError):
+        AgentSettings(voice="")
+    with pytest.raises(ValueError, match="llm"):
+        AgentSettings(stt="deepgram/nova-3")
+    with pytest.raises(ValueError):
+        TTS(voice="", workers=["ws://127.0.0.1:1"])
+    entry = pickle.loads(pickle.dumps(VoiceAgent(settings)))  # livekit ships the entrypoint to job processes
+    assert entry == VoiceAgent(settings) and entry.settings.livekit_api_secret.get_secret_value() == "s3cret-s3cret"
