@@ -1,0 +1,74 @@
+"""Cloning a voice from uploads: the gateway's side of lora_training.
+
+    POST /v1/voices ─> Uploads: streamed to disk (gateway.api.voices), under uploads_dir/.incoming/
+                   ─> check_uploads: lora_training's own ingest checks, in a thread (decodable,
+                      sample rate, clipping, near-silent, speech found, enough of it, transcripts)
+                   ─> the TenantVoice registered ("training"; max_voices), a training slot taken
+                      (max_training_jobs), the files moved to uploads_dir/<tenant id>/<name>/<job id>/
+                   ─> a lora_training job (JobSpec: tenant = tenant id, so the voice id it publishes
+                      is the TenantVoice's `voice_id`, f"{tenant.id}/{name}")
+    CloneWatcher (one task per gateway process, owned by `gateway.api.voices.lifecycle`):
+        job ready ─> voice "warming" ─> prewarmed on every owner (the worker's GET /prewarm) ─> "ready"
+        job failed or cancelled ─> voice "failed", with the reason
+        then: the training slot released, the training minutes metered.
+
+In-flight clones are listed in one Redis hash, `<tenant prefix>:clones` (job id -> `CloneRecord`),
+so every gateway process's watcher finds them without walking every tenant. Several gateways may
+watch at once: each step is idempotent, and the last one (dropping the record) is claimed by one
+HDEL, so a clone is metered once. A voice deleted while its job runs stays in the hash, marked
+`deleted`, until the job has stopped: if the trainer published the adapter before it saw the
+cancel, the watcher removes it then.
+
+Errors (`CloneError`, each with the `code` and `param` the API answers with):
+
+    CloneError
+    ├── BadUpload         the upload cannot make a voice; the message says what to fix (HTTP 400)
+    ├── UploadTooLarge    more bytes than the tenant's max_upload_bytes (HTTP 413)
+    ├── NotDeletable      a base voice (HTTP 400)
+    └── CloneUnavailable  the training queue (Redis) is unreachable (HTTP 503, retryable)
+
+Tenant-layer errors (VoiceNotFound, VoiceExists, QuotaExceeded, Unavailable...) pass through as
+they are. Nothing here imports torch or vLLM: lora_training's ingest checks need numpy, soundfile,
+soxr and PyAV only.
+
+The package, one idea per module:
+
+| module | idea |
+|---|---|
+| `errors.py` | the `CloneError` tree (code, param, HTTP status) |
+| `uploads.py` | upload folders on disk (`UploadArea`), removing a published adapter |
+| `checks.py` | the quick checks of an upload (name, consent, lora_training's ingest checks) |
+| `records.py` | the record of a clone in flight and the Redis index of them (`CloneIndex`) |
+| `views.py` | what the API shows of a voice (`VoiceView`, job state -> API state) |
+| `service.py` | `Cloning`: create, describe, list, delete (what the routes call) |
+| `watcher.py` | `CloneWatcher` and its `Prewarmer`: job done -> prewarmed on the owners -> ready |
+"""
+
+from __future__ import annotations
+
+from gateway.cloning.checks import SIDECAR_SUFFIX, TRANSCRIPT_SUFFIXES, check_name, check_uploads
+from gateway.cloning.errors import BadUpload, CloneError, CloneUnavailable, NotDeletable, UploadTooLarge
+from gateway.cloning.records import CloneRecord
+from gateway.cloning.service import Cloning
+from gateway.cloning.uploads import Upload, UploadArea
+from gateway.cloning.views import ApiState, VoiceView
+from gateway.cloning.watcher import CloneWatcher
+
+__all__ = [
+    "ApiState",
+    "BadUpload",
+    "CloneError",
+    "CloneRecord",
+    "CloneUnavailable",
+    "CloneWatcher",
+    "Cloning",
+    "NotDeletable",
+    "SIDECAR_SUFFIX",
+    "TRANSCRIPT_SUFFIXES",
+    "Upload",
+    "UploadArea",
+    "UploadTooLarge",
+    "VoiceView",
+    "check_name",
+    "check_uploads",
+]

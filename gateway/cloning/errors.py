@@ -1,0 +1,48 @@
+"""The errors of cloning, each with the `code`, `param` and HTTP status the API answers with."""
+
+from __future__ import annotations
+
+
+__all__ = ["BadUpload", "CloneError", "CloneUnavailable", "NotDeletable", "UploadTooLarge"]
+
+
+class CloneError(Exception):
+    """Base of the errors of a clone request; `code` and `param` are what the API answers with."""
+
+    code = "clone_error"
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.code
+        self.param = param
+
+
+class BadUpload(CloneError):
+    """The upload cannot make a voice (a field missing, a file unusable); the message says what to fix."""
+
+    code = "invalid_upload"
+
+
+class UploadTooLarge(CloneError):
+    """The upload passed the tenant's `max_upload_bytes`."""
+
+    code = "upload_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the upload is larger than your limit of {limit} bytes (the whole request body); "
+                         "send fewer or shorter files (about 10 minutes of speech is enough), or compress them "
+                         "(flac, mp3, ogg/opus)", param="files")
+        self.limit = limit
+
+
+class NotDeletable(CloneError):
+    """Base voices belong to the platform."""
+
+    code = "base_voice"
+
+
+class CloneUnavailable(CloneError):
+    """The training queue cannot be reached; retry shortly."""
+
+    code = "training_queue_unavailable"

@@ -1,0 +1,159 @@
+"""`Cloning`: what the voice routes call (create, describe, list, delete), over the tenant layer,
+the training queue, the upload area and the adapter store."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from gateway.cloning.checks import check_consent, check_name, check_uploads
+from gateway.cloning.errors import CloneUnavailable, NotDeletable
+from gateway.cloning.records import CloneIndex, CloneRecord
+from gateway.cloning.uploads import Upload, UploadArea, remove_adapter
+from gateway.cloning.views import VoiceView, base_view, clone_view
+from gateway.tenants import Tenant, TenantVoice, VoiceNotFound
+from hashring.errors import RingError
+from lora_training.errors import InfrastructureError
+from lora_training.pipeline import JobSpec
+
+if TYPE_CHECKING:
+    from gateway.api.state import Gateway
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Cloning"]
+
+
+class Cloning:
+    """Voices and cloning over one gateway's parts (tenants, quotas, queue, stores). Light: make one
+    per request. The queue client is sync, so its calls run in threads."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.settings = gateway.settings
+        self.uploads = UploadArea(gateway.settings.uploads_dir)
+        self.index = CloneIndex(gateway.jobs.redis, f"{gateway.settings.tenant_prefix}:clones")
+
+    @property
+    def base_voices(self) -> tuple[str, ...]:
+        return self.gateway.catalog.base_voices
+
+    async def _queue(self, call: Callable[..., object], *args):
+        try:
+            return await asyncio.to_thread(call, *args)
+        except InfrastructureError as err:
+            raise CloneUnavailable(f"the training queue is unreachable ({err.message}); try again shortly") from None
+
+    async def create(self, tenant: Tenant, upload: Upload) -> VoiceView:
+        """Check a received upload, register the voice and queue its training job. On any error the
+        upload and everything registered for it are removed again."""
+        gw = self.gateway
+        try:
+            name = check_name(tenant, upload.name, self.base_voices)
+            consent = check_consent(upload.consent)
+            await asyncio.to_thread(check_uploads, upload, self.settings.clone_data, asr=self.settings.clone_asr)
+            job_id = f"clone-{secrets.token_hex(6)}"
+            voice = await gw.tenants.register_voice(tenant, name, consent=consent, job_id=job_id, state="training",
+                                                    note="queued for training")
+        except BaseException:
+            await asyncio.to_thread(self.uploads.discard, upload)
+            raise
+        undo: list[Callable[[], Awaitable[object]]] = [lambda: gw.tenants.delete_voice(tenant, name)]
+        try:
+            await gw.quotas.acquire_training_slot(tenant, job_id)
+            undo.append(lambda: gw.quotas.release_training_slot(tenant, job_id))
+            kept = await asyncio.to_thread(self.uploads.keep, upload, tenant.id, name, job_id)
+            undo.append(lambda: asyncio.to_thread(shutil.rmtree, kept.folder, True))
+            spec = JobSpec(job_id=job_id, name=name, tenant=tenant.id, audio=kept.audio,
+                           transcripts=kept.transcripts, data=self.settings.clone_data,
+                           params=self.settings.clone_params)
+            if spec.voice_id != voice.voice_id:  # the trainer publishes spec.voice_id; workers are asked for this one
+                raise RuntimeError(f"job voice id {spec.voice_id!r} != tenant voice id {voice.voice_id!r}")
+            # an adapter left at this voice id by a voice deleted mid-publish would fail the job: it is an orphan
+            await asyncio.to_thread(remove_adapter, self.settings.voices_dir, voice.voice_id)
+            record = CloneRecord(job_id, tenant.id, name, voice.voice_id, time.time())
+            await self._queue(self.index.put, record)
+            undo.append(lambda: asyncio.to_thread(self.index.drop, job_id))
+            status = await self._queue(gw.jobs.submit, spec)
+        except BaseException:
+            await asyncio.to_thread(self.uploads.discard, upload)
+            for step in reversed(undo):
+                try:
+                    await step()
+                except Exception as exc:  # keep undoing; the watcher or a DELETE cleans up what is left
+                    log.warning("undoing a refused clone of tenant %s (%s): %r", tenant.id, name, exc)
+            raise
+        log.info("clone %s of tenant %s queued as job %s", name, tenant.id, job_id)
+        return clone_view(voice, status, record)
+
+    async def describe(self, tenant: Tenant, name: str) -> VoiceView:
+        try:
+            voice = await self.gateway.tenants.voice(tenant, name)
+        except VoiceNotFound:
+            if name in self.base_voices:
+                return base_view(name)
+            raise
+        return await self._view(voice)
+
+    async def list(self, tenant: Tenant) -> list[VoiceView]:
+        voices = await self.gateway.tenants.voices(tenant)
+        clones = await asyncio.gather(*(self._view(v) for v in voices))
+        return [base_view(name) for name in self.base_voices] + list(clones)
+
+    async def _view(self, voice: TenantVoice) -> VoiceView:
+        job = record = None
+        if voice.state in ("training", "failed") and voice.job_id:
+            job = await self._queue(self.gateway.jobs.status, voice.job_id)
+            if voice.state == "training":
+                record = await asyncio.to_thread(self.index.get, voice.job_id)
+        return clone_view(voice, job, record)
+
+    async def delete(self, tenant: Tenant, name: str) -> None:
+        """Delete the tenant's voice: its job cancelled (a running one stops at its next step), its
+        training slot freed, its adapter out of the store, its placement reset, its uploads gone."""
+        gw = self.gateway
+        try:
+            voice = await gw.tenants.voice(tenant, name)
+        except VoiceNotFound:
+            if name in self.base_voices:
+                raise NotDeletable(f"{name!r} is a base voice of the platform; only your own clones can be "
+                                   "deleted", param="name") from None
+            raise
+        if voice.job_id:
+            record = await asyncio.to_thread(self.index.get, voice.job_id)
+            if record is not None and not record.deleted:
+                await asyncio.to_thread(self.index.update, dataclasses.replace(record, deleted=True))
+            status = await self._queue(gw.jobs.status, voice.job_id)
+            if status is not None and not status.terminal:
+                await self._queue(gw.jobs.cancel, voice.job_id)
+            await gw.quotas.release_training_slot(tenant, voice.job_id)
+        await gw.tenants.delete_voice(tenant, name)
+        await asyncio.to_thread(remove_adapter, self.settings.voices_dir, voice.voice_id)
+        await self._reset_placement(voice.voice_id)
+        await asyncio.to_thread(self.uploads.remove_voice, tenant.id, name)
+        log.info("voice %s of tenant %s deleted (job %s)", name, tenant.id, voice.job_id)
+
+    async def _reset_placement(self, voice_id: str) -> None:
+        """Forget the voice's replica counts in the ring (operator floor and automatic count)."""
+        if self.gateway.watcher is None:  # fixed worker list: no placement in Redis
+            return
+        from hashring.placement import ReplicaControl
+        from hashring.settings import RingSettings
+        from hashring.store import RingStore
+
+        settings = RingSettings(redis_url=self.gateway.redis_url, prefix=self.settings.ring_prefix)
+        try:
+            async with RingStore(settings) as store:
+                await ReplicaControl(store).scale(voice_id, None)
+                current = (await store.auto_replicas()).get(voice_id)
+                if current is not None:
+                    await store.swap_auto_replicas(voice_id, current, None)
+        except RingError as exc:  # a stale count of a voice nobody can ask for is harmless; say so
+            log.warning("placement of deleted voice %s not reset (%s); `voicering ring scale %s --clear` does it",
+                        voice_id, exc, voice_id)

@@ -1,0 +1,120 @@
+"""Upload folders on disk: received under `.incoming/`, moved under the tenant's voice and job
+when the job is submitted, deleted with the voice; and removing a published adapter from the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from gpu_worker.adapters.layout import METADATA, STAGING_DIR
+
+__all__ = ["INCOMING", "STALE_INCOMING_S", "Upload", "UploadArea", "remove_adapter"]
+
+
+INCOMING: Final = ".incoming"  # uploads being received: never a tenant id (those start with "t_")
+STALE_INCOMING_S: Final = 24 * 3600.0  # an upload folder this old was left by a gateway that stopped
+
+
+@dataclass
+class Upload:
+    """One POST /v1/voices as received: its fields, and its files in `folder`."""
+
+    folder: Path  # uploads_dir/.incoming/<random>/: audio/ and the transcripts file
+    name: str | None = None
+    consent: str | None = None
+    audio: list[Path] = field(default_factory=list)  # folder/audio/<file name>, in upload order
+    sidecars: list[Path] = field(default_factory=list)  # folder/audio/<stem>.txt, next to their audio
+    transcripts: Path | None = None  # folder/transcripts.<json|csv|tsv|txt>
+
+    @property
+    def audio_dir(self) -> Path:
+        return self.folder / "audio"
+
+
+class UploadArea:
+    """Where uploads live: `.incoming/<random>/` while they arrive and are checked, then
+    `<tenant id>/<voice name>/<job id>/` until the voice is deleted (the trainers read them there:
+    shared storage in a fleet)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).absolute()
+
+    def incoming(self) -> Upload:
+        folder = self.root / INCOMING / uuid.uuid4().hex
+        (folder / "audio").mkdir(parents=True)
+        return Upload(folder)
+
+    def voice_dir(self, tenant_id: str, name: str) -> Path:
+        return self.root / tenant_id / name
+
+    def keep(self, upload: Upload, tenant_id: str, name: str, job_id: str) -> Upload:
+        """Move a checked upload to its voice's folder (one rename); the returned Upload points there."""
+        target = self.voice_dir(tenant_id, name) / job_id
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(upload.folder, target)
+
+        def moved(path: Path) -> Path:
+            return target / path.relative_to(upload.folder)
+
+        return Upload(target, upload.name, upload.consent, [moved(p) for p in upload.audio],
+                      [moved(p) for p in upload.sidecars], moved(upload.transcripts) if upload.transcripts else None)
+
+    def discard(self, upload: Upload) -> None:
+        shutil.rmtree(upload.folder, ignore_errors=True)
+
+    def remove_voice(self, tenant_id: str, name: str) -> None:
+        """Delete every upload of the tenant's voice `name`."""
+        folder = self.voice_dir(tenant_id, name)
+        if folder.exists():
+            shutil.rmtree(folder)
+        with_tenant = self.root / tenant_id
+        try:
+            with_tenant.rmdir()  # only when empty
+        except OSError:
+            pass
+
+    def sweep(self, older_than_s: float = STALE_INCOMING_S) -> int:
+        """Remove incoming folders left by a gateway that stopped mid-upload; returns how many."""
+        incoming = self.root / INCOMING
+        if not incoming.is_dir():
+            return 0
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for entry in incoming.iterdir():
+            try:
+                if entry.stat().st_mtime < cutoff:
+                    shutil.rmtree(entry, ignore_errors=True)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
+
+
+def remove_adapter(store: Path, voice_id: str, *, job_id: str | None = None) -> bool:
+    """Take `<store>/<voice id>` out of the adapter store: one rename into the store's hidden staging
+    folder (workers resolve the voice as unknown from then on), then the files are removed. With
+    `job_id`, only an adapter that job published (its voicering.json says so). True if one went."""
+    path = Path(store) / voice_id
+    if not path.is_dir():
+        return False
+    if job_id is not None:
+        try:
+            published_by = json.loads((path / METADATA).read_text()).get("job_id")
+        except (OSError, ValueError):
+            published_by = None
+        if published_by != job_id:
+            return False
+    trash = Path(store) / STAGING_DIR / f"deleted-{uuid.uuid4().hex}"
+    trash.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return False
+    shutil.rmtree(trash, ignore_errors=True)
+    return True

@@ -1,0 +1,291 @@
+"""The `CloneWatcher` task: a published voice is prewarmed on every owner (`Prewarmer`, the workers'
+`/prewarm`) before it is `ready`; failed or cancelled jobs fail the voice with the reason; then the
+training slot is released and the training minutes metered, once."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import time
+from typing import Final, Literal, TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from gateway.cloning.records import CloneRecord
+from gateway.cloning.service import Cloning
+from gateway.cloning.uploads import remove_adapter
+from gateway.cloning.views import SUBMIT_GRACE_S
+from gateway.tenants import Tenant, TenantError, TenantNotFound, TenantVoice, VoiceNotFound
+from hashring.errors import EmptyRing, RingError
+from hashring.records import WorkerInfo
+from lora_training.errors import TrainingError
+from lora_training.jobs import JobStatus
+
+if TYPE_CHECKING:
+    from gateway.api.state import Gateway
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CloneWatcher", "POLL_S", "PREWARM_ATTEMPTS", "PREWARM_TIMEOUT_S", "Prewarmer", "WarmFailed", "training_minutes"]
+
+
+POLL_S: Final = 0.5  # how often the watcher looks at the clones in flight
+PREWARM_TIMEOUT_S: Final = 5.0  # one HTTP call to a worker's /prewarm
+PREWARM_ATTEMPTS: Final = 3  # a worker that reports it cannot load the voice this often: the voice fails
+
+
+class WarmFailed(Exception):
+    """A worker reported that it cannot load the voice."""
+
+
+class Prewarmer:
+    """Makes a published voice hot on every worker that owns it, through each worker's HTTP
+    `GET /prewarm?voice=...` (answered at once with an operation) and `GET /prewarm/<id>`. Keeps the
+    operations it started between calls, so one call never waits on a worker."""
+
+    def __init__(self, gateway: Gateway, client: httpx.AsyncClient) -> None:
+        self._router = gateway.pool.router
+        token = gateway.settings.cluster_token
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = client
+        self._ops: dict[str, dict[str, str]] = {}  # voice id -> worker id -> operation id
+        self._failures: dict[str, int] = {}
+
+    async def warm(self, voice_id: str) -> tuple[bool, str]:
+        """(True, "") once every owner reports the voice ready; (False, what it waits for) before.
+        Raises WarmFailed when a worker keeps reporting that it cannot load the voice."""
+        try:
+            owners = self._router.owners(voice_id)
+        except EmptyRing:
+            return False, "waiting for a worker to join the ring"
+        ops = self._ops.setdefault(voice_id, {})
+        waiting: list[str] = []
+        for info in owners:
+            outcome, detail = await self._owner(voice_id, info, ops)
+            if outcome == "ready":
+                continue
+            if outcome == "failed":
+                ops.pop(info.id, None)
+                count = self._failures[voice_id] = self._failures.get(voice_id, 0) + 1
+                if count >= PREWARM_ATTEMPTS:
+                    self.forget(voice_id)
+                    raise WarmFailed(f"worker {info.id} cannot load it: {detail}")
+            waiting.append(f"{info.id} ({detail})" if detail else info.id)
+        if waiting:
+            return False, f"warming up on {', '.join(waiting)}"
+        self.forget(voice_id)
+        return True, ""
+
+    def forget(self, voice_id: str) -> None:
+        self._ops.pop(voice_id, None)
+        self._failures.pop(voice_id, None)
+
+    async def _owner(self, voice_id: str, info: WorkerInfo,
+                     ops: dict[str, str]) -> tuple[Literal["ready", "pending", "failed"], str]:
+        """Where one owner is with the voice, and why it is not ready yet."""
+        base = _http_base(info.ws_url)
+        op = ops.get(info.id)
+        if op is None:
+            response = await self._client.get(f"{base}/prewarm", params={"voice": voice_id}, headers=self._headers)
+            if response.status_code != 202:
+                return "pending", f"prewarm refused: HTTP {response.status_code} {response.text[:200]}"
+            op = ops[info.id] = str(response.json()["id"])
+        response = await self._client.get(f"{base}/prewarm/{op}", headers=self._headers)
+        if response.status_code == 404:  # the worker restarted and forgot the operation: start again
+            ops.pop(info.id, None)
+            return "pending", "worker restarted"
+        response.raise_for_status()
+        state = str(response.json().get("voices", {}).get(voice_id, "pending"))
+        if state in ("ready", "pending"):
+            return state, ""  # type: ignore[return-value]
+        return "failed", state
+
+
+def _http_base(ws_url: str) -> str:
+    parts = urlsplit(ws_url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, "", "", ""))
+
+
+class CloneWatcher:
+    """Carries every clone in flight to its end: one named task, `clone-watcher`, every POLL_S.
+
+    `async with CloneWatcher(gateway):` starts it; leaving cancels and awaits it. Each round reads
+    the clones hash and advances each clone one step (`advance`); a failure of Redis, the queue or
+    a worker is logged and the round goes on (the next round retries), so the task lives through
+    Redis blips. An unexpected error of one clone is logged with its traceback, and the others go on.
+    """
+
+    def __init__(self, gateway: Gateway, *, poll_s: float = POLL_S) -> None:
+        self.gateway = gateway
+        self.cloning = Cloning(gateway)
+        self.poll_s = poll_s
+        self.rounds = 0  # rounds completed (a round that met a failure counts too)
+        self._client: httpx.AsyncClient | None = None
+        self._prewarmer: Prewarmer | None = None
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> CloneWatcher:
+        self._client = httpx.AsyncClient(timeout=PREWARM_TIMEOUT_S)
+        self._prewarmer = Prewarmer(self.gateway, self._client)
+        try:
+            swept = await asyncio.to_thread(self.cloning.uploads.sweep)
+            if swept:
+                log.info("removed %d upload folders left by a stopped gateway", swept)
+        except OSError as exc:
+            log.warning("could not sweep old uploads in %s: %s", self.cloning.uploads.root, exc)
+        self._task = asyncio.create_task(self._run(), name="clone-watcher")
+        self._task.add_done_callback(_report_death)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])
+        if self._client is not None:
+            await self._client.aclose()
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _run(self) -> None:
+        while True:
+            await self.tick()
+            await asyncio.sleep(self.poll_s)
+
+    async def tick(self) -> None:
+        """One round over the clones in flight."""
+        try:
+            records = await asyncio.to_thread(self.cloning.index.all)
+        except TenantError as exc:
+            log.warning("clone watcher: cannot read the clones in flight (%s); retrying", exc.message)
+            self.rounds += 1
+            return
+        for record in records:
+            try:
+                await self.advance(record)
+            except (TenantError, TrainingError, RingError, httpx.HTTPError, OSError) as exc:
+                log.warning("clone watcher: voice %s (job %s) not advanced this round: %s", record.voice_id,
+                            record.job_id, getattr(exc, "message", None) or repr(exc))
+            except Exception:
+                log.exception("clone watcher: voice %s (job %s) failed unexpectedly", record.voice_id, record.job_id)
+        self.rounds += 1
+
+    async def advance(self, record: CloneRecord) -> None:
+        gw, index = self.gateway, self.cloning.index
+        status: JobStatus | None = await asyncio.to_thread(gw.jobs.status, record.job_id)
+        if record.deleted:
+            await self._after_delete(record, status)
+            return
+        try:
+            tenant = await gw.tenants.get(record.tenant_id)
+            voice = await gw.tenants.voice(tenant, record.name)
+        except (TenantNotFound, VoiceNotFound):
+            voice = None
+        if voice is None or voice.job_id != record.job_id:  # deleted (or replaced) without the record knowing
+            await asyncio.to_thread(index.update, dataclasses.replace(record, deleted=True))
+            return
+        if voice.state in ("ready", "failed"):  # settled by a round that stopped before dropping the record
+            await self._finish(tenant, record, status)
+            return
+        if record.started_at is None and status is not None and status.state not in ("", "queued"):
+            record = dataclasses.replace(record, started_at=time.time())
+            await asyncio.to_thread(index.update, record)
+        if status is None:
+            if time.time() - record.submitted_at > SUBMIT_GRACE_S:
+                await self._settle(tenant, record, None, "failed", "its training job is gone from the queue; "
+                                   "delete the voice and upload again")
+            return
+        if status.state == "ready":
+            await self._warm(tenant, voice, record, status)
+        elif status.state == "failed":
+            await self._settle(tenant, record, status, "failed", status.error or status.message or "training failed")
+        elif status.state == "cancelled":
+            await self._settle(tenant, record, status, "failed", "its training job was cancelled (by an operator); "
+                               "delete the voice and upload again")
+
+    async def _warm(self, tenant: Tenant, voice: TenantVoice, record: CloneRecord, status: JobStatus) -> None:
+        assert self._prewarmer is not None
+        if voice.state == "training":
+            await self.gateway.tenants.update_voice(tenant, record.name, state="warming",
+                                                    note="published; warming up on its workers")
+        try:
+            done, waiting = await self._prewarmer.warm(record.voice_id)
+        except WarmFailed as exc:
+            await self._settle(tenant, record, status, "failed", f"the trained voice could not be loaded: {exc}")
+            return
+        if not done:
+            note = f"published; {waiting}"
+            if voice.note != note:
+                log.info("clone %s: %s", record.voice_id, note)
+                await self.gateway.tenants.update_voice(tenant, record.name, note=note)
+            return
+        await self._settle(tenant, record, status, "ready", None)
+
+    async def _settle(self, tenant: Tenant, record: CloneRecord, status: JobStatus | None,
+                      state: Literal["ready", "failed"], note: str | None) -> None:
+        """The voice's final state, then its slot freed, then (once, by whoever drops the record) metered."""
+        await self.gateway.tenants.update_voice(tenant, record.name, state=state, note=note)
+        if state == "failed":
+            log.warning("clone %s failed: %s", record.voice_id, note)
+        else:
+            log.info("clone %s is ready", record.voice_id)
+        await self._finish(tenant, record, status)
+
+    async def _after_delete(self, record: CloneRecord, status: JobStatus | None) -> None:
+        gw = self.gateway
+        if status is not None and not status.terminal:
+            if not status.cancel_requested:
+                await asyncio.to_thread(gw.jobs.cancel, record.job_id)
+            return
+        if await asyncio.to_thread(remove_adapter, gw.settings.voices_dir, record.voice_id, job_id=record.job_id):
+            log.info("removed voice %s, published by job %s after its voice was deleted", record.voice_id,
+                     record.job_id)
+        if self._prewarmer is not None:
+            self._prewarmer.forget(record.voice_id)
+        try:
+            tenant = await gw.tenants.get(record.tenant_id)
+        except TenantNotFound:
+            await asyncio.to_thread(self.cloning.index.drop, record.job_id)
+            return
+        await self._finish(tenant, record, status)
+
+    async def _finish(self, tenant: Tenant, record: CloneRecord, status: JobStatus | None) -> None:
+        gw = self.gateway
+        await gw.quotas.release_training_slot(tenant, record.job_id)
+        if not await asyncio.to_thread(self.cloning.index.drop, record.job_id):
+            return  # another gateway finished it first
+        minutes = training_minutes(record, status)
+        if minutes > 0:
+            gw.metrics.training_minutes.labels(tenant.name).inc(minutes)
+            try:
+                await gw.meter.add_usage(tenant, training_minutes=minutes)
+            except TenantError as exc:
+                log.warning("training minutes of tenant %s not recorded (%.2f min of job %s): %s", tenant.id,
+                            minutes, record.job_id, exc.message)
+
+
+def training_minutes(record: CloneRecord, status: JobStatus | None) -> float:
+    """Wall-clock minutes a job ran on trainers: from when it was first seen running (else its
+    submission) to its last update; nothing for a job no trainer ever took."""
+    if status is None or status.attempts == 0:
+        return 0.0
+    started = record.started_at or status.created_at or record.submitted_at
+    ended = status.updated_at or time.time()
+    minutes = max(0.0, ended - started) / 60.0
+    return minutes if math.isfinite(minutes) else 0.0
+
+
+def _report_death(task: asyncio.Task) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.error("clone watcher died: voices in training no longer advance until the gateway restarts",
+                  exc_info=exc)
+    else:
+        log.error("clone watcher stopped by itself")
