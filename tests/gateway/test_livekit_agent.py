@@ -29,9 +29,7 @@ from livekit.agents.voice.room_io import TextInputEvent
 
 from gateway.livekit import TTS
 from gateway.livekit.agent import FleetLoad, VoiceAgent, build_server, fleet_load, speak_text
-from gateway.livekit.sentences import SentenceSplitter
 from gateway.livekit.settings import AgentSettings
-from gpu_worker.client import WorkerClient
 from gpu_worker.process import free_port
 from gpu_worker.protocol import UtteranceOptions
 from hashring.membership import RingWatcher
@@ -39,6 +37,7 @@ from hashring.records import RingView, Snapshot, WorkerInfo
 from hashring.settings import RingSettings
 from hashring.store import RingStore
 from tests.fixtures.models import CLUSTER_PREFIX
+from tests.gateway.test_livekit_tts import direct_like_the_plugin
 
 VOICE = "tara"
 VOICERING = Path(sys.executable).parent / "voicering"
@@ -120,21 +119,6 @@ def opts(seed: int, max_tokens: int = 15) -> UtteranceOptions:
     return UtteranceOptions(max_tokens=max_tokens, seed=seed)
 
 
-async def direct(url: str, text: str, options: UtteranceOptions) -> bytes:
-    """What the worker sends for `text` spoken the way the plugin sends it (a flush per sentence)."""
-    splitter = SentenceSplitter()
-    pieces = splitter.feed(text) + splitter.end()
-    async with await WorkerClient.connect(url) as client:
-        stream = await client.start(VOICE, "", options=options)
-        for piece in pieces:
-            if piece.text:
-                await stream.push(piece.text)
-            if piece.flush:
-                await stream.flush()
-        await stream.end()
-        return b"".join([chunk async for chunk in stream.audio()])
-
-
 def without_end_marker(pcm: bytes) -> bytes:
     """Drop the framework's synthetic 10 ms end-of-segment marker (zeros), if it sent one."""
     marker = b"\0" * 480
@@ -161,7 +145,7 @@ async def test_an_agent_session_speaks_the_llm_reply_through_the_plugin(worker):
         await session.aclose()
         await plugin.aclose()
     assert sink.frames and {(f.sample_rate, f.num_channels) for f in sink.frames} == {(24000, 1)}
-    assert without_end_marker(sink.pcm) == await direct(worker.url, REPLY, opts(seed=81))
+    assert without_end_marker(sink.pcm) == await direct_like_the_plugin(worker.url, [REPLY], opts(seed=81))
 
 
 async def test_an_interruption_stops_the_speech_and_the_worker_drops_the_context(worker):
@@ -210,7 +194,7 @@ async def test_participant_text_interrupts_and_is_spoken_as_sent(worker):
         await session.aclose()
         await plugin.aclose()
     said = b"".join(f.data.tobytes() for f in sink.frames[before:])
-    assert without_end_marker(said) == await direct(worker.url, "Hello from the game.", opts(seed=84))
+    assert without_end_marker(said) == await direct_like_the_plugin(worker.url, ["Hello from the game."], opts(seed=84))
 
 
 def agent_settings(redis_url: str, **more) -> AgentSettings:

@@ -16,15 +16,14 @@ import pytest
 from livekit.agents import APIConnectionError, APIConnectOptions
 
 from gateway.livekit import TTS
-from gateway.livekit.sentences import SentenceSplitter
 from gpu_worker.adapters import publish_adapter
-from gpu_worker.client import WorkerClient
 from gpu_worker.protocol import UtteranceOptions
 from hashring.membership import RingWatcher
 from hashring.placement import place
 from hashring.settings import RingSettings
 from hashring.store import RingStore
 from tests.fixtures.models import CLUSTER_PREFIX, cluster_args, start_worker
+from tests.gateway.test_livekit_tts import direct_like_the_plugin
 
 EXTRA = "worker-lk"
 VOICES = [f"lk/v{i}" for i in range(12)]
@@ -116,7 +115,7 @@ async def test_a_worker_killed_mid_turn_fails_the_speaking_turn_and_replays_the_
     assert lost.value.retryable is False and lost.value.body["code"] == "worker_lost"
     assert EXTRA in str(lost.value) and "lost" in str(lost.value)
     # the replayed turn is exactly what worker-a says for the whole line, sent as the plugin sent it
-    want = await spoken_like_the_plugin(worker.url, owned, ["This line waits for the rest", rest], SHORT)
+    want = await direct_like_the_plugin(worker.url, ["This line waits for the rest", rest], SHORT, voice=owned)
     got = b"".join(ev.frame.data.tobytes() for ev in replayed)
     assert want and got[:len(want)] == want and not any(got[len(want):])  # at most the framework's 10 ms marker
 
@@ -129,17 +128,3 @@ async def turn(plugin: TTS, text: str) -> list:
         return [ev async for ev in stream]
     finally:
         await stream.aclose()
-
-
-async def spoken_like_the_plugin(url: str, voice: str, chunks: list[str], options: UtteranceOptions) -> bytes:
-    splitter = SentenceSplitter()
-    pieces = [p for c in chunks for p in splitter.feed(c)] + splitter.end()
-    async with await WorkerClient.connect(url) as client:
-        stream = await client.start(voice, "", options=options)
-        for piece in pieces:
-            if piece.text:
-                await stream.push(piece.text)
-            if piece.flush:
-                await stream.flush()
-        await stream.end()
-        return b"".join([chunk async for chunk in stream.audio()])

@@ -12,26 +12,15 @@ import pytest
 from gateway.api import speed as speed_module
 from gateway.api.encode import open_encoder
 from gateway.api.speed import SpeedChanger, atempo_stages, check_speed
+from tests.gateway.test_encode import pieces, sine_pcm  # the same 5 s test signal, 2048-sample chunks
 
 SR = 24000
-CHUNK = 2048  # samples: one worker frame, 85 ms
 SECONDS = 5.0
 DURATION_SLACK_S = 0.06  # the flush drops part of the last window
 # The module docstring's table: (slowest, fastest speed), most input samples held back, and the
 # 2048-sample chunk (1-based) whose feed() first returns audio.
 HOLD_BACK = [((0.25, 1.25), 1326, 1), ((1.5, 2.5), 2037, 1), ((3.0, 4.0), 2532, 2)]
 SPEEDS = [0.25, 0.3, 0.4, 0.5, 0.75, 0.9, 1.1, 1.25, 1.5, 1.9, 2.0, 2.5, 3.0, 3.5, 4.0]
-
-
-def sine_pcm(seconds: float = SECONDS, hz: float = 440.0) -> bytes:
-    """A 440 Hz sine at -10 dBFS with a little white noise, as 24 kHz s16le."""
-    t = np.arange(int(seconds * SR)) / SR
-    noise = np.random.default_rng(0).normal(0.0, 0.003, t.size)
-    return (np.clip(0.3 * np.sin(2 * np.pi * hz * t) + noise, -1, 1) * 32767).astype("<i2").tobytes()
-
-
-def pieces(pcm: bytes, samples: int = CHUNK) -> list[bytes]:
-    return [pcm[i:i + 2 * samples] for i in range(0, len(pcm), 2 * samples)]
 
 
 def stretch(speed: float, chunks: list[bytes]) -> tuple[list[bytes], bytes]:
