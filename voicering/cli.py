@@ -31,6 +31,7 @@ def _wire() -> None:
     from gateway.cli import app as tenant_app
     from gateway.livekit.cli import register as register_agent
     from gateway.serve import command as gateway_command
+    from gateway.stack.cli import register as register_stack
     from gpu_worker.cli import register as register_worker
     from hashring.cli import app as ring_app
     from lora_training.cli import register as register_training
@@ -39,6 +40,7 @@ def _wire() -> None:
     register_worker(app)
     register_training(app)
     register_agent(app)
+    register_stack(app)
     app.add_typer(ring_app, name="ring", help="Operate the consistent hash ring (membership, placement).")
     app.add_typer(trim_app, name="trim", help="Measure and trim head/tail silence.")
     app.add_typer(bench_app, name="bench", help="Benchmarks (print JSON figures).")

@@ -8,7 +8,8 @@ is time-stretched (`speed`), encoded (`response_format`) and sent as it comes (c
 that goes away cancels the worker's context at once; the audio it was sent is still metered.
 
 `stream_format: "sse"` sends `speech.audio.delta` events (base64 of the encoded bytes) and one
-`speech.audio.done` with `usage`. Orpheus has no instruction conditioning: `instructions` is
+`speech.audio.done` with `usage`, plus voicering's `served_by` (the worker whose engine spoke it)
+and `proxied` (whether the worker the gateway chose relayed it to the voice's owner). Orpheus has no instruction conditioning: `instructions` is
 accepted (so clients that send it work) and not applied; emotion tags in `input` (`<laugh>`,
 `<sigh>`...) are how a voice is steered. voicering adds two fields of its own: `seed` (the
 same seed gives the same audio) and `max_tokens` (a cap on generated audio tokens, 7 per 85 ms
@@ -200,7 +201,8 @@ async def _sse(run: _Run, encoded: AsyncIterator[bytes]) -> AsyncIterator[bytes]
         yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
     stats = run.stream.done.stats if run.stream is not None and run.stream.done is not None else None
     yield _event({"type": "speech.audio.done",
-                  "usage": {"output_tokens": stats.tokens if stats else 0, "audio_seconds": round(run.audio_seconds, 3)}})
+                  "usage": {"output_tokens": stats.tokens if stats else 0, "audio_seconds": round(run.audio_seconds, 3)},
+                  "served_by": stats.served_by if stats else "", "proxied": bool(stats.proxied) if stats else False})
 
 
 def _event(payload: dict) -> bytes:

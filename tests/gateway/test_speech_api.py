@@ -76,6 +76,9 @@ def test_sse_events_carry_base64_audio_then_usage(gateway, key):
     assert len(audio) == 2 * 2048 * 2
     assert done["type"] == "speech.audio.done" and done["usage"]["output_tokens"] == 15
     assert done["usage"]["audio_seconds"] == pytest.approx(2 * FRAME_S, abs=0.001)
+    # the session worker is alone in the gateway's ring: it owns every voice and speaks it itself
+    assert (done["served_by"], done["proxied"]) == (response.headers["x-voicering-worker"], False)
+    assert done["served_by"]
 
 
 def test_speed_changes_duration_not_pitch_range(gateway, key):

@@ -1,0 +1,348 @@
+"""`make demo`: one day of the platform, end to end, every piece a real process on this machine.
+
+1. `voicering up` in the background (embedded Redis, two workers, gateway, trainer) and its tenant;
+2. a creator clones a voice: espeak-ng speech uploaded through `POST /v1/voices`, progress shown;
+3. an app speaks the clone with the official `openai` client, once through the platform gateway
+   (it routes to the voice's owner) and once through a gateway pinned to the other worker, which
+   proxies to the owner (`served_by` and `proxied` come back in the SSE `speech.audio.done`);
+4. the LiveKit plugin speaks a line in-process (through the gateway's websocket, with the key);
+5. an operator scales the voice to 2 replicas (`voicering ring scale`): both workers speak it;
+6. everything stops; a report lists TTFB, real-time factor and the serving worker of every line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from gateway.stack.children import Child, ChildSpec
+from gateway.stack.folder import StackFolder, UpState
+from gateway.stack.settings import UpSettings
+
+__all__ = ["run_demo"]
+
+VOICE = "creator"
+CONSENT = "I, the speaker in these recordings, agree that this account may train and serve a clone of my voice."
+LINES = {"owner": "Hello! I am a brand new cloned voice, served by the worker that owns me.",
+         "proxied": "This line reached the other worker first, which relayed it to my owner.",
+         "livekit": "And this one was spoken by the LiveKit plugin, the way an agent in a room speaks.",
+         "replica-a": "Now I live on two workers.", "replica-b": "So either of them can speak for me."}
+REAL_WEIGHTS_HINT = (
+    "Stand-in weights are random: every WAV here is noise, not speech. With real weights, on a GPU machine:\n"
+    "  voicering demo --model canopylabs/orpheus-3b-0.1-ft --codec hubertsiuzdak/snac_24khz\n"
+    "  (or `voicering up --model ...` and your own app against its API; docs/operations.md for a fleet)")
+SAMPLE_RATE = 24000
+# Stand-in weights never say "end of speech" on their own: each line is capped at ~2.5 s of audio
+# (30 frames of 7 tokens) so the day fits in minutes on a CPU. Real weights end where the text does.
+STAND_IN_MAX_TOKENS = 210
+
+
+class DemoFailed(RuntimeError):
+    pass
+
+
+@dataclass(slots=True)
+class Line:
+    what: str
+    path: str
+    wav: Path
+    ttfb_ms: float
+    audio_s: float
+    wall_s: float
+    served_by: str = "-"
+    proxied: bool | None = None
+
+    @property
+    def rtf(self) -> float:
+        return self.wall_s / self.audio_s if self.audio_s else float("inf")
+
+
+_CLOCK = time.perf_counter()
+
+
+def step(n: int, text: str) -> None:
+    print(f"[{n}/6 +{time.perf_counter() - _CLOCK:3.0f} s] {text}", flush=True)
+
+
+def note(text: str) -> None:
+    print(f"      {text}", flush=True)
+
+
+def run_demo(settings: UpSettings, out_dir: Path) -> int:
+    global _CLOCK
+    began = _CLOCK = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    folder = StackFolder(settings.folder)
+    try:
+        folder.acquire()  # refuse to wipe a folder another `up` runs in
+    except Exception as exc:
+        print(f"demo failed: {exc}", file=sys.stderr)
+        return 2
+    folder.release()
+    shutil.rmtree(settings.folder, ignore_errors=True)
+    up = _start_up(settings, out_dir / "demo-up.log")
+    pinned: Child | None = None
+    try:
+        step(1, f"voicering up in the background: embedded Redis, {settings.workers} workers, gateway, trainer "
+                f"(its output: {out_dir / 'demo-up.log'}, logs: {settings.logs}/)")
+        state = _wait_ready(up, folder, out_dir / "demo-up.log", settings.start_timeout_s + 120)
+        key = json.loads(Path(state.key_file).read_text())
+        note(f"ready after {time.perf_counter() - began:.0f} s; tenant '{key['tenant']}' ({key['tenant_id']})")
+        lines, pinned = asyncio.run(_day(settings, state, key, out_dir))
+    except DemoFailed as exc:
+        print(f"demo failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("demo interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if pinned is not None:
+            asyncio.run(pinned.stop())
+        code = _stop_up(up)
+        step(6, f"everything stopped (voicering up exited with {code})")
+    _report(lines, out_dir, state.stand_in, time.perf_counter() - began)
+    return 0
+
+
+def _start_up(settings: UpSettings, log: Path) -> subprocess.Popen:
+    args = [sys.executable, "-m", "voicering", "up", "--folder", str(settings.folder), "--workers",
+            str(settings.workers), "--gateway-port", str(settings.gateway_port), "--worker-port",
+            str(settings.worker_port)]
+    if settings.model:
+        args += ["--model", settings.model, "--codec", settings.codec]
+    with open(log, "w") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_ready(up: subprocess.Popen, folder: StackFolder, log: Path, timeout_s: float) -> UpState:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = UpState.read(folder.state_file)
+        if state is not None and state.state == "ready" and state.pid == up.pid:
+            return state
+        if up.poll() is not None:
+            raise DemoFailed(f"voicering up exited with {up.returncode}:\n{_tail(log)}")
+        time.sleep(0.5)
+    raise DemoFailed(f"voicering up was not ready after {timeout_s:.0f} s:\n{_tail(log)}")
+
+
+def _stop_up(up: subprocess.Popen) -> int:
+    if up.poll() is None:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(180)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()
+    return up.returncode
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+async def _day(settings: UpSettings, state: UpState, key: dict, out_dir: Path) -> tuple[list[Line], Child]:
+    import openai
+
+    api_key, voice_id = key["api_key"], f"{key['tenant_id']}/{VOICE}"
+    step(2, "a creator clones a voice: espeak-ng speech uploaded through POST /v1/voices")
+    await _clone(state.gateway_url, api_key, out_dir / "demo-creator")
+    owner, other = await _owners(state, voice_id)
+    note(f"the ring places '{voice_id}' on {owner}; the other worker is {other}")
+    pinned = await _pinned_gateway(settings, state, other)
+    step(3, "an app speaks it with the openai client: through the platform gateway, then through the other worker")
+    cap = STAND_IN_MAX_TOKENS if state.stand_in else None
+    platform = openai.AsyncOpenAI(base_url=f"{state.gateway_url}/v1", api_key=api_key, max_retries=0)
+    via_other = openai.AsyncOpenAI(base_url=f"{pinned.spec.health_url.rsplit('/', 1)[0]}/v1", api_key=api_key,
+                                   max_retries=0)
+    await _settled(state)
+    lines = [await _speak(platform, "owner", "gateway -> ring owner", out_dir, cap),
+             await _speak(via_other, "proxied", f"gateway pinned to {other}", out_dir, cap)]
+    for line in lines:
+        note(f"{line.what}: served by {line.served_by}{' (proxied)' if line.proxied else ''}, "
+             f"TTFB {line.ttfb_ms:.0f} ms")
+    step(4, "the LiveKit plugin (livekit-agents TTS) speaks a line in-process through the gateway")
+    lines.append(await _livekit_line(state.gateway_url, api_key, out_dir, cap))
+    note(f"TTFB {lines[-1].ttfb_ms:.0f} ms, {lines[-1].audio_s:.2f} s of audio")
+    step(5, f"an operator scales '{voice_id}' to 2 replicas: voicering ring scale {voice_id} --replicas 2")
+    scaled = subprocess.run([sys.executable, "-m", "voicering", "ring", "scale", voice_id, "--replicas", "2",
+                             "--redis", state.redis_url], capture_output=True, text=True, timeout=60)
+    if scaled.returncode != 0:
+        raise DemoFailed(f"ring scale failed: {scaled.stderr or scaled.stdout}")
+    note(scaled.stdout.strip())
+    await _wait_owners(state, voice_id, 2)
+    await _settled(state)
+    lines += [await _speak(platform, "replica-a", "gateway -> ring owner", out_dir, cap),
+              await _speak(via_other, "replica-b", f"gateway pinned to {other}", out_dir, cap)]
+    for line in lines[-2:]:
+        note(f"{line.what}: served by {line.served_by}{' (proxied)' if line.proxied else ' (its own replica)'}")
+    if {lines[-1].served_by, lines[-2].served_by} != {owner, other} or lines[-1].proxied:
+        raise DemoFailed(f"after scaling, expected both {owner} and {other} to serve the voice themselves: "
+                         f"{[(x.served_by, x.proxied) for x in lines[-2:]]}")
+    await platform.close()
+    await via_other.close()
+    return lines, pinned
+
+
+async def _clone(gateway_url: str, api_key: str, folder: Path) -> None:
+    from lora_training.espeak import HARVARD_SENTENCES, synthesize
+
+    folder.mkdir(parents=True, exist_ok=True)
+    clips = [synthesize(text, "en-us", folder / f"take-{i:02d}.wav") for i, text in enumerate(HARVARD_SENTENCES)]
+    seconds = sum(p.stat().st_size - 44 for p in clips) / (2 * SAMPLE_RATE)
+    manifest = json.dumps({p.name: text for p, text in zip(clips, HARVARD_SENTENCES)})
+    files = [("files", (p.name, p.read_bytes(), "audio/wav")) for p in clips]
+    files.append(("transcripts", ("transcripts.json", manifest.encode(), "application/json")))
+    note(f"{len(clips)} takes, {seconds:.0f} s of speech, with their transcripts")
+    async with httpx.AsyncClient(base_url=gateway_url, headers={"Authorization": f"Bearer {api_key}"},
+                                 timeout=120) as api:
+        created = await api.post("/v1/voices", data={"name": VOICE, "consent": CONSENT}, files=files)
+        if created.status_code != 202:
+            raise DemoFailed(f"POST /v1/voices answered {created.status_code}: {created.text}")
+        note(f"POST /v1/voices -> 202, job {created.json()['job_id']}")
+        shown, deadline = None, time.monotonic() + 600
+        while time.monotonic() < deadline:
+            view = (await api.get(f"/v1/voices/{VOICE}")).json()
+            now = (view.get("state"), 20 * int((view.get("progress") or 0) // 20))
+            if now != shown:
+                shown = now
+                note(f"  {now[0]:13s} {now[1]:3d}%  {view.get('message') or ''}".rstrip())
+            if view.get("state") == "ready":
+                return
+            if view.get("state") == "failed":
+                raise DemoFailed(f"the clone failed: {view.get('reason')}")
+            await asyncio.sleep(1.0)
+    raise DemoFailed("the clone was not ready after 10 minutes")
+
+
+async def _placement(state: UpState, voice_id: str):
+    from hashring.membership import RingWatcher
+    from hashring.placement import place
+    from hashring.settings import RingSettings
+    from hashring.store import RingStore
+
+    settings = RingSettings.from_env(redis_url=state.redis_url)
+    async with RingStore(settings) as store, RingWatcher(store) as watcher:
+        return place(watcher.view, voice_id, settings)
+
+
+async def _owners(state: UpState, voice_id: str) -> tuple[str, str]:
+    owners = (await _placement(state, voice_id)).owners
+    others = [w for w in state.worker_ids if w not in owners]
+    if not owners or not others:
+        raise DemoFailed(f"expected one owner of {voice_id} among {state.worker_ids}, the ring says {owners}")
+    return owners[0], others[0]
+
+
+async def _wait_owners(state: UpState, voice_id: str, count: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len((await _placement(state, voice_id)).owners) < count:
+        if time.monotonic() > deadline:
+            raise DemoFailed(f"{voice_id} never had {count} owners")
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(2.0)  # every worker's ring view has the new epoch (they refresh on the event)
+
+
+async def _settled(state: UpState, timeout_s: float = 30.0) -> None:
+    """Until every worker is idle and sees every load at 0. Routing bounds each worker's load by
+    heartbeats that lag up to a second: right after training's validation sample or a prewarm, a
+    start could still spill off its owner, and the lines below say which path they show."""
+    from hashring.settings import RingSettings
+
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=5) as http:
+        while time.monotonic() < deadline:
+            views = [(await http.get(f"{url.replace('ws://', 'http://')}/health")).json() for url in state.worker_urls]
+            if all(v["active_streams"] == 0 and v["relayed_streams"] == 0 and v.get("ring_load", 0) == 0 for v in views):
+                await asyncio.sleep(RingSettings().refresh_interval_s + 0.5)  # the gateways re-read the ring too
+                return
+            await asyncio.sleep(0.3)
+    raise DemoFailed(f"the workers did not settle within {timeout_s:.0f} s")
+
+
+async def _pinned_gateway(settings: UpSettings, state: UpState, worker_id: str) -> Child:
+    """A second gateway with fixed routing to `worker_id` (no ring): what an app reaches when its
+    gateway sits beside one worker. Same Redis, so the same tenant and key."""
+    from gpu_worker.process import free_port
+
+    port = free_port()
+    url = state.worker_urls[state.worker_ids.index(worker_id)]
+    spec = ChildSpec("gateway-pinned", ("gateway", "--host", settings.host, "--port", str(port), "--redis",
+                                        state.redis_url, "--worker", url, "--voices-dir", str(settings.voices_dir),
+                                        "--uploads-dir", str(settings.uploads_dir)),
+                     health_url=f"http://{settings.host}:{port}/health", start_timeout_s=60, stop_timeout_s=10)
+    child = Child(spec, settings.logs)
+    child.start()
+    await child.wait_ready(asyncio.Event())
+    return child
+
+
+async def _speak(client, what: str, path: str, out_dir: Path, max_tokens: int | None) -> Line:
+    from gpu_worker.wav import write_wav
+
+    began = time.perf_counter()
+    pcm, first, done = bytearray(), None, {}
+    async with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice=VOICE, input=LINES[what], response_format="pcm",
+            extra_body={"stream_format": "sse", "seed": 7, **({"max_tokens": max_tokens} if max_tokens else {})}
+    ) as response:
+        async for raw in response.iter_lines():
+            if not raw.startswith("data: "):
+                continue
+            event = json.loads(raw[len("data: "):])
+            if event["type"] == "speech.audio.delta":
+                first = first or time.perf_counter()
+                pcm += base64.b64decode(event["audio"])
+            elif event["type"] == "speech.audio.done":
+                done = event
+    wall = time.perf_counter() - began
+    wav = out_dir / f"demo-{what}.wav"
+    write_wav(wav, bytes(pcm))
+    return Line(what, path, wav, ((first or began) - began) * 1000, len(pcm) / (2 * SAMPLE_RATE), wall,
+                done.get("served_by", "?"), done.get("proxied"))
+
+
+async def _livekit_line(gateway_url: str, api_key: str, out_dir: Path, max_tokens: int | None) -> Line:
+    from gateway.livekit import TTS
+    from gateway.livekit.transport import GatewayTransport
+    from gpu_worker.protocol import UtteranceOptions
+    from gpu_worker.wav import write_wav
+
+    plugin = TTS(voice=VOICE, transport=GatewayTransport(gateway_url, api_key), options=UtteranceOptions(seed=7, max_tokens=max_tokens))
+    began, first, pcm = time.perf_counter(), None, bytearray()
+    try:
+        async for event in plugin.synthesize(LINES["livekit"]):
+            first = first or time.perf_counter()
+            pcm += bytes(event.frame.data)
+    finally:
+        await plugin.aclose()
+    wall = time.perf_counter() - began
+    wav = out_dir / "demo-livekit.wav"
+    write_wav(wav, bytes(pcm))
+    return Line("livekit", "LiveKit plugin -> gateway websocket", wav, ((first or began) - began) * 1000,
+                len(pcm) / (2 * SAMPLE_RATE), wall)
+
+
+def _report(lines: list[Line], out_dir: Path, stand_in: bool, seconds: float) -> None:
+    rows = [f"{'line':10s} {'path':36s} {'served by':22s} {'TTFB ms':>8s} {'RTF':>6s} {'audio s':>8s}  wav"]
+    for x in lines:
+        served = x.served_by + (" (proxied)" if x.proxied else "")
+        rows.append(f"{x.what:10s} {x.path:36s} {served:22s} {x.ttfb_ms:8.0f} {x.rtf:6.2f} {x.audio_s:8.2f}  {x.wav}")
+    text = "\n".join(["", "demo report", *rows, "", f"the whole day took {seconds:.0f} s",
+                      *( [REAL_WEIGHTS_HINT] if stand_in else [])])
+    print(text, flush=True)
+    (out_dir / "demo-report.json").write_text(json.dumps(
+        {"seconds": round(seconds, 1), "stand_in": stand_in,
+         "lines": [{"line": x.what, "path": x.path, "served_by": x.served_by, "proxied": x.proxied,
+                    "ttfb_ms": round(x.ttfb_ms, 1), "rtf": round(x.rtf, 3), "audio_s": round(x.audio_s, 3),
+                    "wav": str(x.wav)} for x in lines]}, indent=2))

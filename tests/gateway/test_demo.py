@@ -1,0 +1,41 @@
+"""`voicering demo` (what `make demo` runs) end to end, as a real process: `voicering up` with two
+workers, the gateway and a trainer; a clone from uploaded espeak-ng speech; the openai client
+through the owner and through the other worker (proxied); the LiveKit plugin; two replicas; stop.
+About three and a half minutes on two cores; two workers beside the session worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import wave
+
+from tests.fixtures.models import REPO, STAND_IN_CACHE
+from tests.gateway.test_up import free_ports, processes_of
+
+
+def test_the_demo_runs_the_platform_s_day_and_reports_every_line(stand_in, tmp_path):
+    out, folder = tmp_path / "out", tmp_path / "demo"
+    done = subprocess.run(
+        [sys.executable, "-m", "voicering", "demo", "--out", str(out), "--folder", str(folder),
+         "--gateway-port", str(free_ports(1)), "--worker-port", str(free_ports(2))],
+        capture_output=True, text=True, cwd=REPO, timeout=900,
+        env={**os.environ, "VOICERING_UP_STAND_IN_CACHE": str(STAND_IN_CACHE)})
+    assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-3000:]}\n{(out / 'demo-up.log').read_text()[-3000:]}"
+    report = json.loads((out / "demo-report.json").read_text())
+    lines = {x["line"]: x for x in report["lines"]}
+    assert list(lines) == ["owner", "proxied", "livekit", "replica-a", "replica-b"]
+    owner = lines["owner"]["served_by"]
+    assert owner in ("up-worker-0", "up-worker-1") and lines["owner"]["proxied"] is False
+    assert lines["proxied"]["served_by"] == owner and lines["proxied"]["proxied"] is True
+    assert lines["replica-a"]["served_by"] == owner and lines["replica-b"]["served_by"] != owner
+    assert lines["replica-b"]["proxied"] is False and lines["replica-b"]["served_by"].startswith("up-worker-")
+    for line in report["lines"]:
+        with wave.open(line["wav"]) as wav:
+            assert wav.getframerate() == 24000 and wav.getnframes() / 24000 == line["audio_s"] > 2.0
+        assert 0 < line["ttfb_ms"] < 30_000 and line["rtf"] > 0
+    assert report["stand_in"] and "noise, not speech" in done.stdout and "demo report" in done.stdout
+    assert "ready         100%" in done.stdout and "POST /v1/voices -> 202" in done.stdout
+    assert "voicering up exited with 0" in done.stdout
+    assert not processes_of(folder)  # every process of the stack is gone

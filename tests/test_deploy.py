@@ -1,0 +1,817 @@
+"""The deploy configs (deploy/): Kubernetes manifests, the compose file, the Dockerfiles.
+
+Offline, in seconds, nothing started: every manifest is validated by `kubernetes-validate`
+(strict, against each version in KUBERNETES_VERSIONS), the compose file by Debian's
+`docker-compose config` for both profiles (it needs no Docker daemon), and then what neither
+tool knows about voicering:
+
+- every VOICERING_* name anywhere in deploy/ (and docs/operations.md) is a real setting, derived
+  from the pydantic settings classes and the CLI's own env vars, never from a list kept here;
+- each container's environment (image ENV + compose / ConfigMap / env, $(VAR) expanded) builds
+  its process's settings object: types, JSON tuples and Literal values are checked by pydantic;
+- every `voicering ...` command line (CMD, compose command, k8s args and hooks, systemd
+  ExecStart, the docs' code blocks) parses against the real CLI (typer/click);
+- Dockerfiles run as a non-root USER with a HEALTHCHECK for their role, and copy only what
+  /.dockerignore lets into the context;
+- ports agree between settings, containers, Services, probes and advertised URLs; the workers'
+  preStop drain and grace period; NetworkPolicies, PDBs, HPA and Prometheus jobs select the pods
+  they mean to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+K8S = DEPLOY / "k8s"
+DOCKER = DEPLOY / "docker"
+COMPOSE_FILE = DEPLOY / "docker-compose.yml"
+COMPOSE_ENV_EXAMPLE = DEPLOY / "compose.env.example"
+SECRETS_EXAMPLE = K8S / "secrets.env.example"
+PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
+OPERATIONS = REPO / "docs" / "operations.md"
+
+# The oldest Kubernetes the manifests are written for, and the newest the validator knows.
+KUBERNETES_VERSIONS = ("1.33.0", "1.37.0")
+PROFILES = ("cpu", "gpu")
+# values for the compose file's required ${...:?} secrets while validating it
+COMPOSE_SECRETS = {"CLUSTER_TOKEN": "t" * 64, "LIVEKIT_API_KEY": "APIvoicering", "LIVEKIT_API_SECRET": "s" * 40}
+HEALTH_ROLE = {"worker": "worker", "gateway": "gateway", "agent": "agent", "train-worker": "trainer"}
+# containers whose process has no health endpoint (so no liveness probe; see deploy/README.md)
+NO_HEALTH_ENDPOINT = {"train-worker"}
+VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+VOICERING_NAME = re.compile(r"\bVOICERING_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_*])")
+
+
+# -- the code's own truth ------------------------------------------------------------------------
+
+def settings_classes() -> dict[str, type]:
+    """The settings class each `voicering` subcommand builds."""
+    from gateway.livekit.settings import AgentSettings
+    from gateway.settings import GatewaySettings
+    from gpu_worker.settings import WorkerSettings
+    from lora_training.settings import TrainSettings
+
+    return {"worker": WorkerSettings, "gateway": GatewaySettings, "train-worker": TrainSettings, "agent": AgentSettings}
+
+
+@cache
+def cli_root():
+    import typer.main
+
+    import voicering.cli
+
+    return typer.main.get_command(voicering.cli.app)
+
+
+def walk_cli(command=None) -> Iterator[Any]:
+    command = command or cli_root()
+    yield command
+    for sub in getattr(command, "commands", {}).values():
+        yield from walk_cli(sub)
+
+
+@cache
+def real_env_names() -> frozenset[str]:
+    """Every environment variable voicering reads: each settings field under its prefix or its
+    aliases (nested models with the delimiter), hashring's Redis URL, the CLI's envvar options."""
+    from pydantic import AliasChoices, BaseModel
+
+    from hashring.settings import REDIS_URL_ENV
+
+    names = {REDIS_URL_ENV}
+    for cls in settings_classes().values():
+        prefix = cls.model_config.get("env_prefix", "")
+        delimiter = cls.model_config.get("env_nested_delimiter")
+        for name, field in cls.model_fields.items():
+            alias = field.validation_alias
+            if isinstance(alias, AliasChoices):
+                names.update(c.upper() for c in alias.choices if isinstance(c, str))
+            elif isinstance(alias, str):
+                names.add(alias.upper())
+            else:
+                names.add(f"{prefix}{name}".upper())
+            nested = field.annotation
+            if delimiter and isinstance(nested, type) and issubclass(nested, BaseModel):
+                names.update(f"{prefix}{name}{delimiter}{sub}".upper() for sub in nested.model_fields)
+    for command in walk_cli():
+        for param in getattr(command, "params", []):
+            envvar = getattr(param, "envvar", None)
+            names.update([envvar] if isinstance(envvar, str) else envvar or [])
+    return frozenset(names)
+
+
+def parse_cli(argv: list[str]) -> tuple[str, dict]:
+    """Parse `voicering ARGV...` as the real CLI would (no callback runs); returns the subcommand
+    path ('ring drain') and its parameters. Raises the CLI's usage error on anything it refuses."""
+    command = cli_root()
+    ctx = command.make_context("voicering", list(argv))
+    path = []
+    while hasattr(command, "resolve_command"):
+        name, command, rest = command.resolve_command(ctx, [*ctx._protected_args, *ctx.args])
+        path.append(name)
+        ctx = command.make_context(name, rest, parent=ctx)
+    return " ".join(path), ctx.params
+
+
+def voicering_commands(argv: list[str], env: dict[str, str]) -> list[list[str]]:
+    """The `voicering` invocations in a command: itself, or those inside `sh -c SCRIPT` (split at
+    &&, ||, ;), with $VAR / "$VAR" taken from `env`."""
+    if argv[:2] == ["sh", "-c"]:
+        found = []
+        for part in re.split(r"&&|\|\||;", argv[2]):
+            words = shlex.split(re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: env.get(m[1], m[0]), part))
+            if words[:1] == ["exec"]:
+                words = words[1:]
+            if words[:1] == ["voicering"]:
+                found.append(words[1:])
+        return found
+    return [argv[1:]] if argv[:1] == ["voicering"] else []
+
+
+CONTAINER_ROOT = REPO / ".cache" / "test-deploy-container-paths"
+
+
+def as_here(env: dict[str, str]) -> dict[str, str]:
+    """Weights named by a path exist inside the container (a volume), not on this machine, and a
+    worker checks that such a folder exists: map each to an empty folder of the same path here."""
+    out = dict(env)
+    for name, value in env.items():
+        if name.endswith(("_MODEL", "_CODEC")) and value.startswith("/") and not Path(value).is_dir():
+            here = CONTAINER_ROOT / value.lstrip("/")
+            here.mkdir(parents=True, exist_ok=True)
+            out[name] = str(here)
+    return out
+
+
+def build_settings(subcommand: str, env: dict[str, str]):
+    """The settings object `voicering SUBCOMMAND` builds in this environment (only that env)."""
+    with mock.patch.dict(os.environ, as_here(env), clear=True):
+        return settings_classes()[subcommand]()
+
+
+# -- reading the configs -------------------------------------------------------------------------
+
+@cache
+def k8s_files() -> tuple[Path, ...]:
+    return tuple(sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml"))
+
+
+@cache
+def k8s_docs() -> tuple[dict, ...]:
+    return tuple(doc for path in k8s_files() for doc in yaml.safe_load_all(path.read_text()) if doc)
+
+
+def k8s(kind: str, name: str | None = None) -> list[dict]:
+    return [d for d in k8s_docs() if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+
+
+def one(kind: str, name: str) -> dict:
+    (doc,) = k8s(kind, name)
+    return doc
+
+
+def env_file(path: Path) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if line.strip() and not line.startswith("#"))
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def generated_secret() -> dict:
+    """The Secret kustomize's secretGenerator makes of secrets.env (here: of the example, filled)."""
+    (gen,) = yaml.safe_load((K8S / "kustomization.yaml").read_text())["secretGenerator"]
+    keys = env_file(SECRETS_EXAMPLE)
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": gen["name"]}, "type": "Opaque",
+            "stringData": {k: "x" * 40 for k in keys}}
+
+
+def workloads() -> list[dict]:
+    return [d for d in k8s_docs() if d["kind"] in ("Deployment", "StatefulSet")]
+
+
+def pod_labels(workload: dict) -> dict[str, str]:
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+def selects(selector: dict, labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels + matchExpressions) against a pod's labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and labels.get(key) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def container_env(workload: dict, container: dict) -> dict[str, str]:
+    """A container's environment as the kubelet builds it: image ENV, then envFrom ConfigMaps,
+    then env (fieldRefs and secretKeyRefs filled with stand-ins, $(VAR) expanded in order)."""
+    env = dockerfile_env(dockerfile_for_image(container["image"]))
+    for source in container.get("envFrom", []):
+        env.update(one("ConfigMap", source["configMapRef"]["name"])["data"])
+    name = f"{workload['metadata']['name']}-0"
+    fields = {"metadata.name": name, "metadata.namespace": "voicering"}
+    secret = generated_secret()
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = VAR.sub(lambda m: env.get(m[1], m[0]), item["value"])
+        elif "fieldRef" in item["valueFrom"]:
+            env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            ref = item["valueFrom"]["secretKeyRef"]
+            assert ref["name"] == secret["metadata"]["name"], f"{container['name']}: unknown Secret {ref['name']}"
+            assert ref["key"] in secret["stringData"], f"{container['name']}: {ref['key']} is not in {SECRETS_EXAMPLE.name}"
+            env[item["name"]] = secret["stringData"][ref["key"]]
+    return env
+
+
+def containers() -> Iterator[tuple[dict, dict]]:
+    """Every voicering container (Redis runs its own image) with its workload."""
+    for workload in workloads():
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            if container["image"].split(":")[0].startswith("voicering"):
+                yield workload, container
+
+
+def subcommand_of(argv: list[str]) -> str:
+    return argv[1] if argv[:1] == ["voicering"] else ""
+
+
+# Dockerfiles
+
+def dockerfile_lines(path: Path) -> list[str]:
+    """Instructions with line continuations joined and comments dropped."""
+    out, pending = [], ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        out.append(pending + line)
+        pending = ""
+    return out
+
+
+def final_stage(path: Path) -> list[str]:
+    lines = dockerfile_lines(path)
+    last_from = max(i for i, line in enumerate(lines) if line.upper().startswith("FROM "))
+    return lines[last_from:]
+
+
+def dockerfile_env(path: Path) -> dict[str, str]:
+    env = {}
+    for line in final_stage(path):
+        if line.upper().startswith("ENV "):
+            for word in shlex.split(line[4:]):
+                key, _, value = word.partition("=")
+                env[key] = value
+    return env
+
+
+def json_instruction(path: Path, keyword: str) -> list[str]:
+    (line,) = [line for line in final_stage(path) if line.split()[0].upper() == keyword]
+    return json.loads(line[len(keyword):].strip())
+
+
+def healthcheck_command(path: Path) -> list[str]:
+    (line,) = [line for line in final_stage(path) if line.split()[0].upper() == "HEALTHCHECK"]
+    return json.loads(line.split(" CMD ", 1)[1])
+
+
+def dockerfiles() -> list[Path]:
+    return sorted(DOCKER.glob("*.Dockerfile"))
+
+
+# compose
+
+def run_compose(profile: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    tool = shutil.which("docker-compose")
+    if tool is None:
+        pytest.fail("docker-compose is not installed: `make setup` installs it (Debian package docker-compose)")
+    # the example as the env file (its secrets are empty: they come from `env`), so that an
+    # operator's deploy/.env never leaks into the check
+    return subprocess.run([tool, "-f", str(COMPOSE_FILE), "--env-file", str(COMPOSE_ENV_EXAMPLE), "--profile", profile,
+                           "config"],
+                          capture_output=True,
+                          text=True, timeout=60, cwd=REPO,
+                          env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), **env})
+
+
+@cache
+def compose(profile: str) -> dict:
+    done = run_compose(profile, COMPOSE_SECRETS)
+    assert done.returncode == 0, done.stderr
+    config = yaml.safe_load(done.stdout)
+    # Debian's docker-compose 1.29 `config` prints every service; `up` starts only the active ones
+    config["services"] = {name: s for name, s in config["services"].items()
+                          if not s.get("profiles") or profile in s["profiles"]}
+    return config
+
+
+@cache
+def compose_images() -> dict[str, Path]:
+    """Image repository -> the Dockerfile compose builds it from."""
+    images = {}
+    for profile in PROFILES:
+        for service in compose(profile)["services"].values():
+            if "build" in service:
+                images[service["image"].split(":")[0]] = REPO / service["build"]["dockerfile"]
+    return images
+
+
+def dockerfile_for_image(image: str) -> Path:
+    repo = image.split(":")[0]
+    assert repo in compose_images(), f"image {image}: no Dockerfile builds it (compose builds {sorted(compose_images())})"
+    return compose_images()[repo]
+
+
+def service_command(service: dict) -> list[str]:
+    command = service.get("command")
+    if command is None:
+        return json_instruction(dockerfile_for_image(service["image"]), "CMD")
+    return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+def service_env(service: dict) -> dict[str, str]:
+    env = dockerfile_env(dockerfile_for_image(service["image"]))
+    env.update({k: "" if v is None else str(v) for k, v in (service.get("environment") or {}).items()})
+    return env
+
+
+def voicering_services(profile: str) -> dict[str, dict]:
+    return {name: s for name, s in compose(profile)["services"].items()
+            if s["image"].split(":")[0] in compose_images()}
+
+
+# -- Kubernetes ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_validates_strictly(version):
+    import kubernetes_validate
+
+    docs = [*k8s_docs(), generated_secret()]
+    assert len(docs) > 15
+    for doc in docs:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except Exception as exc:  # the validator's message names the field
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} is not valid Kubernetes {version}: {exc}")
+
+
+def test_kustomization_lists_every_manifest_and_generates_the_secret():
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    assert sorted(kustomization["resources"]) == sorted(p.name for p in k8s_files())
+    assert kustomization["secretGenerator"][0]["envs"] == ["secrets.env"]
+    assert "secrets.env" in (K8S / ".gitignore").read_text().split()
+    assert ".env" in (DEPLOY / ".gitignore").read_text().split(), "deploy/.env holds the compose secrets"
+    assert not k8s("Secret"), "secrets come from secrets.env through the generator, never from git"
+    # every key the example names is used by some container, and every container's key exists
+    used = {item["valueFrom"]["secretKeyRef"]["key"] for _, c in containers() for item in c.get("env", [])
+            if "secretKeyRef" in item.get("valueFrom", {})}
+    assert used == set(env_file(SECRETS_EXAMPLE))
+
+
+def test_every_container_runs_a_real_command_with_valid_settings():
+    seen = set()
+    for workload, container in containers():
+        argv = container.get("args") or json_instruction(dockerfile_for_image(container["image"]), "CMD")
+        assert "command" not in container, "keep the image's ENTRYPOINT (tini, PID 1); set args"
+        env = container_env(workload, container)
+        if argv[:1] == ["voicering"]:
+            sub, _ = parse_cli(argv[1:])
+            seen.add(sub)
+            settings = build_settings(sub, env)
+            if sub == "worker":
+                assert settings.worker_id == f"{workload['metadata']['name']}-0"
+        for hook in (container.get("lifecycle") or {}).values():
+            for argv in [hook["exec"]["command"]] if "exec" in hook else []:
+                for cmd in voicering_commands(argv, env):
+                    parse_cli(cmd)
+    assert seen == {"worker", "gateway", "agent", "train-worker"}
+
+
+def fleet_agreement(settings_by_process: list[tuple[str, Any]]) -> None:
+    """What every process of a fleet must agree on: one Redis, one ring prefix, one training queue,
+    one cluster token, one adapter-rank limit, one base model and codec."""
+    def values(fields: dict[str, str]) -> set:
+        return {str(getattr(s, fields[sub])) for sub, s in settings_by_process if sub in fields}
+
+    redis = values({"worker": "redis_url", "gateway": "redis_url", "agent": "redis_url", "train-worker": "redis_url"})
+    prefixes = values({"worker": "ring_prefix", "gateway": "ring_prefix", "agent": "ring_prefix"})
+    queues = values({"gateway": "train_prefix", "train-worker": "queue_prefix"})
+    tokens = {s.cluster_token if isinstance(s.cluster_token, str) or s.cluster_token is None
+              else s.cluster_token.get_secret_value() for sub, s in settings_by_process if hasattr(s, "cluster_token")}
+    ranks = values({"worker": "max_lora_rank", "train-worker": "max_lora_rank"})
+    # adapters are trained on the model the workers serve (a worker refuses any other base)
+    models = values({"worker": "model", "train-worker": "base_model"})
+    codecs = values({"worker": "codec", "train-worker": "codec"})
+    for agreed in (redis, prefixes, queues, ranks, models, codecs):
+        assert len(agreed) == 1, agreed
+    assert len(tokens) == 1 and None not in tokens
+
+
+def test_every_k8s_process_agrees_on_redis_ring_queue_and_token():
+    fleet_agreement([(sub, build_settings(sub, container_env(w, c))) for w, c in containers()
+                     if (sub := subcommand_of(c.get("args") or []))])
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_compose_process_agrees_on_redis_ring_queue_and_token(profile):
+    found = []
+    for service in voicering_services(profile).values():
+        env = service_env(service)
+        for sub in [parse_cli(c)[0] for c in voicering_commands(service_command(service), env)]:
+            if sub in settings_classes():
+                found.append((sub, build_settings(sub, env)))
+    fleet_agreement(found)
+
+
+def test_worker_statefulset_drains_before_it_stops_and_waits_long_enough():
+    sts = one("StatefulSet", "voicering-worker")
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = container_env(sts, container)
+    settings = build_settings("worker", env)
+    (drain,) = voicering_commands(container["lifecycle"]["preStop"]["exec"]["command"], env)
+    sub, params = parse_cli(drain)
+    assert sub == "ring drain" and params["worker"] == settings.worker_id
+    # the drain CLI reaches the same Redis and ring prefix as the worker itself
+    from hashring.settings import REDIS_URL_ENV
+
+    assert env[REDIS_URL_ENV] == settings.redis_url and env["VOICERING_RING_PREFIX"] == settings.ring_prefix
+    # hook + SIGTERM drain grace + the engine's shutdown (a real GPU engine takes tens of seconds)
+    assert pod["terminationGracePeriodSeconds"] >= settings.drain_grace_s + 30
+    assert settings.drain_grace_s >= 60, "streams of a long reply need more than the 30 s default"
+    assert sts["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 1
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1 == container["resources"]["requests"]["nvidia.com/gpu"]
+    assert settings.cluster_token and settings.redis_url
+
+
+def test_worker_ids_addresses_and_ports_agree():
+    sts = one("StatefulSet", "voicering-worker")
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    settings = build_settings("worker", container_env(sts, container))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"ws": settings.port}
+    service = one("Service", sts["spec"]["serviceName"])
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels(sts))
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(settings.port, "ws")]
+    # the advertised URL is this pod's DNS name under the headless Service, on the worker's port
+    expected = f"ws://{settings.worker_id}.{service['metadata']['name']}.voicering.svc:{settings.port}"
+    assert settings.advertise_url == expected
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "ws"}
+
+
+def test_service_ports_probes_and_settings_agree_for_every_workload():
+    for workload, container in containers():
+        ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+        argv = container.get("args") or []
+        sub = subcommand_of(argv)
+        settings = build_settings(sub, container_env(workload, container))
+        if sub == "gateway":
+            assert ports == {"http": settings.port}
+        if sub == "agent":
+            assert ports == {"health": settings.http_port}
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            if probe in container and "httpGet" in container[probe]:
+                assert container[probe]["httpGet"]["port"] in ports, f"{container['name']} {probe}"
+        if sub in NO_HEALTH_ENDPOINT:
+            assert "livenessProbe" not in container
+        elif sub:
+            assert {"readinessProbe", "livenessProbe"} <= set(container), container["name"]
+    for service in k8s("Service"):
+        targets = [w for w in workloads() if selects({"matchLabels": service["spec"]["selector"]}, pod_labels(w))]
+        assert len(targets) == 1, service["metadata"]["name"]
+        ports = {p["name"]: p["containerPort"] for c in targets[0]["spec"]["template"]["spec"]["containers"]
+                 for p in c.get("ports", [])}
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in ports and port["port"] == ports[port["targetPort"]]
+
+
+def test_gateway_hpa_pdbs_and_pod_security():
+    hpa = one("HorizontalPodAutoscaler", "voicering-gateway")
+    target = hpa["spec"]["scaleTargetRef"]
+    assert one(target["kind"], target["name"])["kind"] == "Deployment"
+    assert hpa["spec"]["minReplicas"] >= 2
+    gateway = one("Deployment", "voicering-gateway")
+    (container,) = gateway["spec"]["template"]["spec"]["containers"]
+    grace = parse_cli(container["args"][1:])[1]["grace"]
+    sleep = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert gateway["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= grace + sleep
+    covered = set()
+    for pdb in k8s("PodDisruptionBudget"):
+        matched = [w for w in workloads() if selects(pdb["spec"]["selector"], pod_labels(w))]
+        assert len(matched) == 1, pdb["metadata"]["name"]
+        covered.add(matched[0]["metadata"]["name"])
+    assert {"voicering-worker", "voicering-gateway", "voicering-agent"} <= covered
+    for workload in workloads():
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+        for container in pod["containers"]:
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_network_policy_lets_only_gateways_agents_and_workers_reach_workers():
+    (policy,) = [p for p in k8s("NetworkPolicy") if selects(p["spec"]["podSelector"], pod_labels(
+        one("StatefulSet", "voicering-worker")))]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    worker_port = build_settings("worker", container_env(*next(
+        (w, c) for w, c in containers() if w["kind"] == "StatefulSet" and "worker" in c["name"]))).port
+    same_namespace = {w["metadata"]["name"]: pod_labels(w) for w in workloads()}
+    allowed = set()
+    for rule in policy["spec"]["ingress"]:
+        assert [p["port"] for p in rule["ports"]] == [worker_port]
+        for peer in rule["from"]:
+            if "namespaceSelector" in peer:  # another namespace: the monitoring rule only
+                assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+                continue
+            allowed |= {name for name, labels in same_namespace.items() if selects(peer["podSelector"], labels)}
+    assert allowed == {"voicering-gateway", "voicering-agent", "voicering-worker"}
+    # nothing in the namespace selects the workers without a policy: no other policy opens them
+    assert all(not selects(p["spec"]["podSelector"], pod_labels(one("StatefulSet", "voicering-worker")))
+               for p in k8s("NetworkPolicy") if p is not policy)
+    # Redis: reachable from every process that uses it
+    (redis_policy,) = [p for p in k8s("NetworkPolicy") if selects(p["spec"]["podSelector"], pod_labels(
+        one("StatefulSet", "voicering-redis")))]
+    reach = {name for rule in redis_policy["spec"]["ingress"] for peer in rule["from"]
+             for name, labels in same_namespace.items() if selects(peer["podSelector"], labels)}
+    assert reach == set(same_namespace) - {"voicering-redis"}
+
+
+def test_shared_volumes_are_mounted_where_each_process_looks():
+    paths = {}
+    for workload, container in containers():
+        sub = subcommand_of(container.get("args") or [])
+        if not sub:
+            continue
+        settings = build_settings(sub, container_env(workload, container))
+        volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
+        mounts = {m["mountPath"]: volumes.get(m["name"], {}).get("persistentVolumeClaim", {}).get("claimName")
+                  for m in container.get("volumeMounts", [])}
+        wanted = {"worker": {"voices": settings.voices_dir if sub == "worker" else None},
+                  "gateway": {"voices": getattr(settings, "voices_dir", None), "uploads": getattr(settings, "uploads_dir", None)},
+                  "train-worker": {"voices": getattr(settings, "adapter_store", None)}}.get(sub, {})
+        for what, path in wanted.items():
+            assert mounts.get(str(path)) == f"voicering-{what}", f"{sub}: {what} at {path} is not the shared claim"
+            paths.setdefault(what, set()).add(str(path))
+    assert all(len(p) == 1 for p in paths.values()), paths
+    for claim in k8s("PersistentVolumeClaim"):
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_prometheus_jobs_find_the_pods_and_the_token():
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    worker = one("StatefulSet", "voicering-worker")
+    gateway = one("Deployment", "voicering-gateway")
+
+    def kept(job: dict, workload: dict) -> bool:
+        (container, *_) = workload["spec"]["template"]["spec"]["containers"]
+        meta = {f"__meta_kubernetes_pod_label_{re.sub(r'[^a-zA-Z0-9]', '_', k)}": v for k, v in pod_labels(workload).items()}
+        meta |= {f"__meta_kubernetes_pod_annotation_{re.sub(r'[^a-zA-Z0-9]', '_', k)}": v
+                 for k, v in workload["spec"]["template"]["metadata"].get("annotations", {}).items()}
+        meta["__meta_kubernetes_pod_container_port_name"] = container["ports"][0]["name"]
+        return all(re.fullmatch(r["regex"], ";".join(meta.get(s, "") for s in r["source_labels"]))
+                   for r in job["relabel_configs"] if r.get("action") == "keep")
+
+    assert kept(jobs["voicering-worker"], worker) and not kept(jobs["voicering-worker"], gateway)
+    assert kept(jobs["voicering-gateway"], gateway) and not kept(jobs["voicering-gateway"], worker)
+    token_key = Path(jobs["voicering-worker"]["authorization"]["credentials_file"]).name
+    assert token_key in env_file(SECRETS_EXAMPLE)
+    (container,) = gateway["spec"]["template"]["spec"]["containers"]
+    annotations = gateway["spec"]["template"]["metadata"]["annotations"]
+    assert int(annotations["prometheus.io/port"]) == container["ports"][0]["containerPort"]
+
+
+# -- compose -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("secret", sorted(COMPOSE_SECRETS))
+def test_compose_refuses_to_run_without_each_of_its_secrets(secret):
+    done = run_compose("cpu", {k: v for k, v in COMPOSE_SECRETS.items() if k != secret})
+    assert done.returncode != 0 and f"set {secret} in deploy/.env" in done.stderr
+
+
+def test_compose_interpolations_are_the_documented_ones():
+    used = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", COMPOSE_FILE.read_text()))
+    assert used == set(env_file(COMPOSE_ENV_EXAMPLE))
+    assert not {name for name in used if name.startswith("VOICERING_")}
+    # no secret is committed: the examples leave every one empty
+    assert all(env_file(COMPOSE_ENV_EXAMPLE)[name] == "" for name in COMPOSE_SECRETS)
+    assert all(value == "" for value in env_file(SECRETS_EXAMPLE).values())
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compose_profile_is_the_whole_stack(profile):
+    services = compose(profile)["services"]
+    by_command: dict[str, list[str]] = {}
+    for name, service in voicering_services(profile).items():
+        by_command.setdefault(" ".join(service_command(service)[:2]), []).append(name)
+    assert set(services) >= {"redis", "livekit"}
+    assert len(by_command["voicering worker"]) == 2 and len(by_command["voicering train-worker"]) == 1
+    assert len(by_command["voicering gateway"]) == 1 and len(by_command["voicering agent"]) == 1
+    redis = services["redis"]["command"]
+    assert redis[redis.index("--appendonly") + 1] == "yes"
+    assert "/etc/livekit.yaml" in services["livekit"]["command"]
+    assert any(v.endswith("livekit/livekit.yaml:/etc/livekit.yaml:ro") for v in services["livekit"]["volumes"])
+    gpu_users = {name for name, s in services.items() if "devices" in s.get("deploy", {}).get("resources", {}).get(
+        "reservations", {})}
+    if profile == "gpu":
+        assert gpu_users == set(by_command["voicering worker"]) | set(by_command["voicering train-worker"])
+        for name in gpu_users:
+            (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
+            assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
+        ids = [services[n]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0] for n in gpu_users]
+        assert len(set(ids)) == len(ids), "two services reserve the same GPU"
+    else:
+        assert not gpu_users
+        (init,) = [s for s in voicering_services(profile).values() if service_command(s)[:1] == ["sh"]]
+        (tiny,) = voicering_commands(service_command(init), {})
+        sub, params = parse_cli(tiny)
+        assert sub == "tiny-model"
+        models_at = str(params["directory"])
+        for name in by_command["voicering worker"] + by_command["voicering train-worker"]:
+            s = services[name]
+            assert s["depends_on"]["models"]["condition"] == "service_completed_successfully"
+            env = service_env(s)
+            model = env.get("VOICERING_WORKER_MODEL") or env.get("VOICERING_TRAIN_BASE_MODEL")
+            assert model.startswith(models_at + "/")
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compose_services_run_real_commands_with_valid_settings(profile):
+    ids, urls = set(), set()
+    for name, service in voicering_services(profile).items():
+        argv, env = service_command(service), service_env(service)
+        commands = voicering_commands(argv, env)
+        assert commands, f"{name} runs no voicering command"
+        for cmd in commands:
+            sub, _ = parse_cli(cmd)
+            if sub not in settings_classes():
+                continue
+            settings = build_settings(sub, env)
+            healthcheck = service.get("healthcheck", {})
+            if not healthcheck.get("disable"):
+                test = healthcheck.get("test") or ["CMD", *healthcheck_command(dockerfile_for_image(service["image"]))]
+                assert test[-1] == HEALTH_ROLE[sub], f"{name}: the health check is for {test[-1]}, it runs {sub}"
+            if sub == "worker":
+                ids.add(settings.worker_id)
+                urls.add(settings.advertise_url)
+                assert settings.advertise_url == f"ws://{name}:{settings.port}" and settings.host == "0.0.0.0"
+                assert settings.cluster_token == COMPOSE_SECRETS["CLUSTER_TOKEN"]
+                assert service["stop_grace_period"].endswith("s")
+                assert int(service["stop_grace_period"][:-1]) >= settings.drain_grace_s + 30
+            if sub == "gateway":
+                assert [p for p in service["ports"] if str(settings.port) in str(p)]
+    assert len(ids) == 2 and len(urls) == 2
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compose_shares_the_adapter_store_and_uploads(profile):
+    stores = {}
+    for name, service in voicering_services(profile).items():
+        mounts = {}
+        for volume in service.get("volumes", []):
+            source, target = (volume.split(":")[:2] if isinstance(volume, str) else (volume["source"], volume["target"]))
+            mounts[target] = source
+        env = service_env(service)
+        for sub in [parse_cli(c)[0] for c in voicering_commands(service_command(service), env)]:
+            if sub not in settings_classes():
+                continue
+            settings = build_settings(sub, env)
+            for field in ("voices_dir", "adapter_store", "uploads_dir"):
+                if hasattr(settings, field):
+                    path = str(getattr(settings, field))
+                    assert path in mounts, f"{name}: {field} {path} is not on a volume"
+                    stores.setdefault(field.replace("adapter_store", "voices_dir"), set()).add(mounts[path])
+    assert stores["voices_dir"] == {"voices"} and stores["uploads_dir"] == {"uploads"}
+
+
+# -- Dockerfiles and the build context -----------------------------------------------------------
+
+@pytest.mark.parametrize("path", dockerfiles(), ids=lambda p: p.name)
+def test_dockerfile_runs_non_root_with_a_health_check_for_its_role(path):
+    stage = final_stage(path)
+    users = [line.split()[1] for line in stage if line.split()[0].upper() == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    assert json_instruction(path, "ENTRYPOINT") == ["tini", "--"]
+    argv = json_instruction(path, "CMD")
+    sub, _ = parse_cli(argv[1:])
+    health = healthcheck_command(path)
+    assert health[:2] == ["python", "/opt/voicering/healthcheck.py"] and health[2] == HEALTH_ROLE[sub]
+    assert any(line.startswith("COPY deploy/docker/healthcheck.py /opt/voicering/healthcheck.py") for line in stage)
+    build_settings(sub, {**dockerfile_env(path), "VOICERING_WORKER_MODEL": "m", "VOICERING_AGENT_VOICE": "tara"})
+    exposed = [line.split()[1] for line in stage if line.split()[0].upper() == "EXPOSE"]
+    if sub in ("worker", "gateway"):
+        settings = build_settings(sub, {**dockerfile_env(path), "VOICERING_WORKER_MODEL": "m"})
+        assert exposed == [str(settings.port)]
+
+
+def test_dockerignore_lets_in_only_what_the_images_copy():
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    assert patterns[0] == "**", "the context is an allow-list: everything out, then what the images need"
+    allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
+    copied = set()
+    for path in dockerfiles():
+        for line in dockerfile_lines(path):
+            words = line.split()
+            if words[0].upper() == "COPY" and not any(w.startswith("--from") for w in words):
+                copied.update(words[1:-1])
+    assert copied == allowed
+    for heavy in (".venv", ".cache", "tests", ".git", "out", "docs"):
+        assert heavy not in allowed
+
+
+def test_healthcheck_reads_the_address_from_the_process_settings():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("voicering_deploy_healthcheck", DOCKER / "healthcheck.py")
+    healthcheck = importlib.util.module_from_spec(spec)
+    with mock.patch.object(sys, "dont_write_bytecode", True):  # no __pycache__ inside deploy/
+        spec.loader.exec_module(healthcheck)
+    with mock.patch.dict(os.environ, {"VOICERING_WORKER_MODEL": "m", "VOICERING_WORKER_HOST": "0.0.0.0",
+                                      "VOICERING_WORKER_PORT": "9123"}, clear=True):
+        assert healthcheck.health_url("worker") == "http://127.0.0.1:9123/health"
+    with mock.patch.dict(os.environ, {"VOICERING_GATEWAY_HOST": "10.1.2.3", "VOICERING_GATEWAY_PORT": "8001"}, clear=True):
+        assert healthcheck.health_url("gateway") == "http://10.1.2.3:8001/health"
+    with mock.patch.dict(os.environ, {"VOICERING_AGENT_VOICE": "tara"}, clear=True):
+        assert healthcheck.health_url("agent") == f"http://127.0.0.1:{healthcheck.LIVEKIT_DEFAULT_HTTP_PORT}/"
+    assert healthcheck.main(["nonsense"]) == 2
+
+
+# -- names and commands anywhere in deploy/ and the operations page --------------------------------
+
+def config_texts() -> Iterator[tuple[Path, str]]:
+    for path in sorted(DEPLOY.rglob("*")):
+        if path.is_file() and path.suffix not in (".pyc",) and "__pycache__" not in path.parts:
+            yield path, path.read_text()
+    yield OPERATIONS, OPERATIONS.read_text()
+
+
+def test_every_voicering_env_name_is_a_real_setting():
+    real = real_env_names()
+    assert "VOICERING_WORKER_DRAIN_GRACE_S" in real and "VOICERING_TRAIN_PARAMS__RANK" in real
+    unknown = {f"{path.relative_to(REPO)}: {name}" for path, text in config_texts()
+               for name in VOICERING_NAME.findall(text) if name not in real}
+    assert not unknown, sorted(unknown)
+
+
+def code_block_commands(text: str) -> Iterator[list[str]]:
+    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #", 1)[0].strip()
+            words = shlex.split(line) if line and not line.startswith("#") else []
+            # `voicering ...` alone, after VAR=value prefixes, or run in a container
+            # (`kubectl exec POD -- voicering ...`, `docker-compose ... exec SERVICE voicering ...`)
+            starts = [i for i, w in enumerate(words) if w == "voicering" and (
+                all("=" in p for p in words[:i]) or words[i - 1] == "--" or (i >= 2 and words[i - 2] == "exec"))]
+            if starts:
+                yield words[starts[0] + 1:]
+
+
+def test_every_voicering_command_in_units_and_docs_parses():
+    count = 0
+    for unit in DEPLOY.rglob("*.service"):
+        text = unit.read_text()
+        # the unit's EnvironmentFile is installed from the example beside it
+        (env_path,) = re.findall(r"^EnvironmentFile=.*/([\w.]+)$", text, flags=re.M)
+        env = env_file(unit.parent / f"{env_path}.example")
+        for line in text.splitlines():
+            if line.startswith("ExecStart="):
+                argv = shlex.split(line.removeprefix("ExecStart="))
+                assert Path(argv[0]).name == "voicering"
+                parse_cli([re.sub(r"\$\{(\w+)\}", lambda m: env[m[1]], a).replace("%H", "host") for a in argv[1:]])
+                count += 1
+    for argv in code_block_commands(OPERATIONS.read_text()):
+        try:
+            parse_cli([re.sub(r"<[^>]+>|\$\{?\w+\}?", "x", a) for a in argv])
+        except Exception as exc:
+            pytest.fail(f"docs/operations.md: `voicering {' '.join(argv)}` does not parse: {exc}")
+        count += 1
+    assert count >= 10
