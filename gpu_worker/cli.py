@@ -61,7 +61,13 @@ def worker(
     except ValidationError as exc:
         typer.echo(f"error: invalid worker settings:\n{exc}", err=True)
         raise typer.Exit(2) from None
-    asyncio.run(run_worker(settings))
+    from gpu_worker.errors import EngineError
+
+    try:
+        asyncio.run(run_worker(settings))
+    except EngineError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 def say(

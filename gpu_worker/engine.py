@@ -205,6 +205,11 @@ class SpeechEngine:
         if request is not None:
             await self._llm.add_lora(request)
 
+    def alive(self) -> bool:
+        """False once the engine core is dead (its process exited, its output loop failed): nothing
+        can be spoken any more, and only a new process brings it back."""
+        return self._llm is not None and not self._llm.errored
+
     def unfinished_requests(self) -> int | None:
         """Requests the engine holds right now (waiting or running); None once it is shut down."""
         return self._llm.get_num_unfinished_requests() if self._llm is not None else None

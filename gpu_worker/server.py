@@ -113,7 +113,9 @@ class WorkerServer:
         """Liveness and load as counts: cheap enough for every probe, and no voice ids to anyone."""
         engine_requests = self.deps.engine.unfinished_requests()
         adapters = self.deps.adapters
-        return {"status": "ok", "worker_id": self.settings.worker_id, "active_streams": self.active,
+        alive = getattr(self.deps.engine, "alive", None)
+        status = "ok" if alive is None or alive() else "engine_dead"
+        return {"status": status, "worker_id": self.settings.worker_id, "active_streams": self.active,
                 "relayed_streams": self.relayed,
                 "max_streams": self.settings.max_streams, "engine_requests": engine_requests,
                 "engine_waiting": getattr(self.deps.engine, "waiting", None),
@@ -140,7 +142,8 @@ class WorkerServer:
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         url = urlsplit(request.path)
         if url.path == "/health":
-            return _json(HTTPStatus.OK, self.health())
+            health = self.health()
+            return _json(HTTPStatus.OK if health["status"] == "ok" else HTTPStatus.SERVICE_UNAVAILABLE, health)
         if not self._authorized(request):
             return _json(HTTPStatus.UNAUTHORIZED, {"error": "this worker needs its cluster token: "
                                                             "'Authorization: Bearer <token>'"})

@@ -13,6 +13,7 @@ from gpu_worker.cluster import drain, join_cluster
 from gpu_worker.stall import LoopWatchdog, dump_stacks_on_sigusr1
 from gpu_worker.codec import SnacCodec, set_cpu_threads
 from gpu_worker.engine import EngineSettings, SamplingOptions, SpeechEngine
+from gpu_worker.errors import EngineError
 from gpu_worker.orpheus import SAMPLE_RATE
 from gpu_worker.metrics import WorkerMetrics, use_json_logs
 from gpu_worker.scheduler import MAX_BATCH, TICK_S, make_decode_runner
@@ -103,11 +104,14 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
     print(f"voicering worker ready on ws://{settings.host}:{settings.port}", flush=True)
     if ready is not None:
         ready.set()
+    engine_watch = asyncio.create_task(_watch_engine(engine, stop), name="engine-watch")
     try:
         await stop.wait()
     finally:
-        if cluster is not None:
-            await drain(cluster, lambda: server.active + server.relayed, settings.drain_grace_s)
+        engine_watch.cancel()
+        dead = not engine.alive()
+        if cluster is not None:  # a dead engine serves nothing: leave at once
+            await drain(cluster, lambda: server.active + server.relayed, 0.0 if dead else settings.drain_grace_s)
         await membership.__aexit__(None, None, None)
         await watchdog.__aexit__(None, None, None)
         ws_server.close()
@@ -115,3 +119,15 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
         await server.aclose()
         await runner.aclose()
         await engine.aclose()
+    if dead:
+        raise EngineError("the vLLM engine core died while serving (its log is above): this worker left the ring "
+                          "and exits so its supervisor starts a new one")
+
+
+async def _watch_engine(engine: SpeechEngine, stop: asyncio.Event, interval_s: float = 1.0) -> None:
+    """Stop the worker when its engine core dies: the process can serve nothing more, and a worker
+    that stays up would keep answering /health while failing every request routed to it."""
+    while engine.alive():
+        await asyncio.sleep(interval_s)
+    log.error("the vLLM engine core is dead: stopping this worker")
+    stop.set()

@@ -189,14 +189,14 @@ def scale(
     typer.echo(f"voice {voice!r}: {what}" + (f" (epoch {epoch})" if epoch else " (unchanged)"))
 
 
-def _set_draining(ctx: typer.Context, worker: str, redis_url: str | None, draining: bool) -> None:
+def _set_draining(ctx: typer.Context, worker: str, redis_url: str | None, draining: bool, own: bool = False) -> None:
     from hashring.store import RingStore
 
     settings = _settings(ctx, redis_url)
 
     async def work() -> int:
         async with RingStore(settings) as store:
-            return await store.set_draining(worker, draining)
+            return await store.set_draining(worker, draining, own=own)
 
     epoch = _run(work())
     state = "draining: it takes no new voices and finishes its streams" if draining else "taking voices again"
@@ -205,10 +205,13 @@ def _set_draining(ctx: typer.Context, worker: str, redis_url: str | None, draini
 
 @app.command()
 def drain(
-    ctx: typer.Context, worker: str = typer.Argument(..., help="Worker id."), redis_url: str | None = RedisOption
+    ctx: typer.Context, worker: str = typer.Argument(..., help="Worker id."), redis_url: str | None = RedisOption,
+    shutdown: bool = typer.Option(False, "--shutdown", help="A drain for the worker's own shutdown (a preStop "
+                                  "hook): undone if it comes back without having left the ring."),
 ) -> None:
-    """Stop placing voices on WORKER; its streams in progress finish."""
-    _set_draining(ctx, worker, redis_url, True)
+    """Stop placing voices on WORKER; its streams in progress finish. The drain stays across
+    restarts until `undrain`, unless --shutdown (then only until the worker registers again)."""
+    _set_draining(ctx, worker, redis_url, True, own=shutdown)
 
 
 @app.command()

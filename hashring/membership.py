@@ -121,8 +121,9 @@ class Heartbeat:
         return epoch
 
     async def set_draining(self, draining: bool = True) -> int:
-        """Take no new voices (or take them again); streams in progress are not touched."""
-        return await self._store.set_draining(self._info.id, draining)
+        """Take no new voices (or take them again); streams in progress are not touched. This is
+        the worker's own drain: if it dies before leaving, its next registration undoes it."""
+        return await self._store.set_draining(self._info.id, draining, own=True)
 
     async def aclose(self, *, deregister: bool = True) -> None:
         """Stop heartbeating and, by default, leave the ring at once (else the TTL removes it)."""

@@ -61,6 +61,7 @@ _TRANSIENT = re.compile(r"(?:^|-)(OOM|READONLY|LOADING|BUSY|MASTERDOWN|NOREPLICA
 
 # KEYS: workers heartbeats live load epoch   ARGV: id json channel
 _REGISTER = _NOW + """
+if redis.call('SREM', KEYS[7], ARGV[1]) == 1 then redis.call('SREM', KEYS[6], ARGV[1]) end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
@@ -88,14 +89,23 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('SREM', KEYS[6], ARGV[1])
+redis.call('SREM', KEYS[7], ARGV[1])
 """ + _BUMP.format(epoch=5, channel=2) + "return e"
 
-# KEYS: workers draining epoch   ARGV: id flag(1|0) channel
+# KEYS: workers draining epoch self_draining   ARGV: id flag(1|0) channel own(1|0)
+# A worker's own drain (on shutdown) is marked as its own only if it started it; an operator's
+# drain or undrain always clears that mark, so the operator's intent is what survives a restart.
 _DRAIN = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
 local changed
-if ARGV[2] == '1' then changed = redis.call('SADD', KEYS[2], ARGV[1])
-else changed = redis.call('SREM', KEYS[2], ARGV[1]) end
+if ARGV[2] == '1' then
+  changed = redis.call('SADD', KEYS[2], ARGV[1])
+  if ARGV[4] ~= '1' then redis.call('SREM', KEYS[4], ARGV[1])
+  elseif changed == 1 then redis.call('SADD', KEYS[4], ARGV[1]) end
+else
+  changed = redis.call('SREM', KEYS[2], ARGV[1])
+  redis.call('SREM', KEYS[4], ARGV[1])
+end
 if changed == 0 then return 0 end
 """ + _BUMP.format(epoch=3, channel=3) + "return e"
 
@@ -192,6 +202,7 @@ class _Keys:
         self.heartbeats = f"{prefix}:heartbeats"
         self.live = f"{prefix}:live"
         self.draining = f"{prefix}:draining"
+        self.self_draining = f"{prefix}:draining-self"  # drains a worker started on its own shutdown
         self.load = f"{prefix}:load"
         self.replicas = f"{prefix}:replicas"
         self.auto = f"{prefix}:auto"
@@ -313,10 +324,12 @@ class RingStore:
 
     async def register(self, info: WorkerInfo) -> int:
         """Add or replace a worker record and mark it alive; returns the new epoch. A drain flag
-        set earlier by an operator stays in force across re-registration."""
+        set earlier by an operator stays in force across re-registration; one the worker set on
+        its own shutdown and never cleared (it died while draining) does not: it is back."""
         k = self.keys
         return int(await self._write(lambda: self._register(
-            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch], args=[info.id, info.to_json(), k.events])))
+            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch, k.draining, k.self_draining],
+            args=[info.id, info.to_json(), k.events])))
 
     async def heartbeat(self, worker_id: str, load: int) -> int:
         """Refresh a worker's heartbeat and load (one attempt). Returns -1 when the worker must
@@ -329,17 +342,21 @@ class RingStore:
         """Remove a worker now (graceful leave); returns the new epoch."""
         k = self.keys
         epoch = int(await self._write(lambda: self._deregister(
-            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch, k.draining], args=[worker_id, k.events])))
+            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch, k.draining, k.self_draining],
+            args=[worker_id, k.events])))
         if epoch < 0:
             raise await self._unknown_worker(worker_id)
         return epoch
 
-    async def set_draining(self, worker_id: str, draining: bool) -> int:
-        """Mark a worker draining (no new voices) or not; returns the new epoch, 0 if unchanged."""
+    async def set_draining(self, worker_id: str, draining: bool, *, own: bool = False) -> int:
+        """Mark a worker draining (no new voices) or not; returns the new epoch, 0 if unchanged.
+        ``own``: the worker drains itself on shutdown (undone if it re-registers without having
+        left); otherwise it is an operator's drain, which stays until an operator undrains."""
         check_worker_id(worker_id)
         k = self.keys
         epoch = int(await self._write(lambda: self._drain(
-            keys=[k.workers, k.draining, k.epoch], args=[worker_id, "1" if draining else "0", k.events])))
+            keys=[k.workers, k.draining, k.epoch, k.self_draining],
+            args=[worker_id, "1" if draining else "0", k.events, "1" if own else "0"])))
         if epoch < 0:
             raise await self._unknown_worker(worker_id)
         return epoch

@@ -11,8 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from hashring.settings import REDIS_URL_ENV
 
 AsrBackendName = Literal["faster-whisper"]
 TrimDetector = Literal["energy", "vad"]  # silence_trim detectors: thresholds (clean audio) or silero VAD (noisy)
@@ -97,7 +99,9 @@ class TrainSettings(BaseSettings):
     # share of GPU memory the local validation worker's vLLM engine may take (the trainer frees its own first)
     validate_gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
     # queue
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    # VOICERING_TRAIN_REDIS_URL, else the fleet's VOICERING_REDIS_URL (as the gateway, agent and ring CLI read it)
+    redis_url: str = Field("redis://127.0.0.1:6379/0",
+                           validation_alias=AliasChoices("redis_url", "VOICERING_TRAIN_REDIS_URL", REDIS_URL_ENV))
     queue_prefix: str = "voicering:train"
     consumer: str | None = None  # consumer name in the group; default host:pid
     lease_ms: int = 30_000  # a job's lock expires this long after its trainer stops renewing it

@@ -9,6 +9,7 @@ with the trainer); with the session worker that is two workers alive at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -262,6 +263,31 @@ def test_a_child_killed_while_serving_is_reported_and_restarted(stack):
     voices = httpx.get(f"{stack['state']['gateway_url']}/v1/voices",
                        headers={"Authorization": f"Bearer {stack['key']}"}, timeout=10)
     assert voices.status_code == 200  # same Redis, same tenant: the key still works
+
+
+def engine_core_of(worker: psutil.Process) -> psutil.Process:
+    for child in worker.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+                return child
+    raise AssertionError(f"no engine core process under worker {worker.pid}: {worker.children(recursive=True)}")
+
+
+def test_a_worker_whose_engine_core_dies_exits_and_up_restarts_it(stack):
+    """The engine core killed under a serving worker: the worker cannot speak any more, so it
+    leaves the ring and exits 1 instead of answering /health while failing every request."""
+    worker = next(p for p in processes_of(stack["folder"]) if "worker" in p.cmdline() and "up" not in p.cmdline())
+    engine_core_of(worker).kill()
+    wait_for(lambda: "worker-0 is back" in stack["log"].read_text(), 240, "the worker to be restarted", stack["log"])
+    out = stack["log"].read_text()
+    assert "worker-0 exited with code 1; restarting it (1 of 3 in 300 s)" in out, out
+    log = (stack["folder"] / "logs" / "worker-0.log").read_text()
+    assert "the vLLM engine core is dead: stopping this worker" in log and "this worker left the ring" in log
+    spoken = httpx.post(f"{stack['state']['gateway_url']}/v1/audio/speech",
+                        headers={"Authorization": f"Bearer {stack['key']}"},
+                        json={"model": "tts-1", "voice": "leo", "input": "Back again.", "response_format": "pcm",
+                              "max_tokens": 14}, timeout=120)
+    assert spoken.status_code == 200 and len(spoken.content) == 2 * 2048 * 2
 
 
 async def test_sigterm_stops_everything_and_leaves_nothing_in_the_ring(stack):

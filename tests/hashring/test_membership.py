@@ -62,6 +62,41 @@ async def test_join_drain_undrain_leave_each_bump_the_epoch(ring_settings):
         assert view.epoch == 6 and members(watcher) == {"w0", "w1"}
 
 
+async def test_a_worker_that_died_while_draining_itself_comes_back_but_an_operator_drain_stays(ring_settings):
+    """A worker drains itself on SIGTERM and leaves the ring when done; killed before it left (its
+    grace ran out, OOM, Redis away), its next registration (same id: a StatefulSet pod) must not
+    find it still drained. An operator's `voicering ring drain` must survive any restart."""
+    async with RingStore(ring_settings) as store:
+        snapshot = store.snapshot
+        own = Heartbeat(store, info(0))
+        await own.start()
+        await own.set_draining()  # its own shutdown drain ...
+        await own.aclose(deregister=False)  # ... and then it died without leaving
+        assert "w0" in (await snapshot()).draining
+        again = Heartbeat(store, info(0))
+        await again.start()
+        assert "w0" not in (await snapshot()).draining  # back in placement
+
+        await store.set_draining("w0", True)  # the operator drains it
+        await again.aclose(deregister=False)
+        restarted = Heartbeat(store, info(0))
+        await restarted.start()
+        assert "w0" in (await snapshot()).draining  # still drained after a restart
+
+        await store.set_draining("w0", False)
+        await restarted.aclose(deregister=False)
+        self_then_operator = Heartbeat(store, info(0))
+        await self_then_operator.start()
+        await self_then_operator.set_draining()
+        assert await store.set_draining("w0", True) == 0  # the operator drains it too: now it is theirs
+        await self_then_operator.aclose(deregister=False)
+        last = Heartbeat(store, info(0))
+        await last.start()
+        assert "w0" in (await snapshot()).draining
+        await last.aclose()  # a clean leave forgets every mark
+        assert "w0" not in (await snapshot()).draining and "w0" not in (await snapshot()).workers
+
+
 async def test_changes_arrive_by_pubsub_well_before_the_refresh_interval(ring_settings):
     slow = dataclasses.replace(ring_settings, refresh_interval_s=30.0)
     async with AsyncExitStack() as stack:

@@ -81,6 +81,15 @@ def test_status_where_scale_drain_round_trip(cli_url):
     assert invoke("scale", "tara", "--reset", "--redis", cli_url).exit_code == 0
     assert json.loads(invoke("where", "tara", "--redis", cli_url, "--json").stdout)["operator_replicas"] is None
 
+    # a preStop hook's drain is the worker's own: a worker that comes back without having left is in again
+    assert invoke("drain", "w3", "--shutdown", "--redis", cli_url).exit_code == 0
+    assert json.loads(invoke("status", "--redis", cli_url, "--json").stdout)["in_ring"] == 2
+    register(cli_url, "w3")  # it was killed mid-drain and restarted under the same id
+    assert json.loads(invoke("status", "--redis", cli_url, "--json").stdout)["in_ring"] == 3
+    assert invoke("drain", "w3", "--redis", cli_url).exit_code == 0  # an operator's drain outlives a restart
+    register(cli_url, "w3")
+    assert json.loads(invoke("status", "--redis", cli_url, "--json").stdout)["in_ring"] == 2
+
 
 def test_bad_input_gets_clear_errors(cli_url):
     register(cli_url, "w1", "w2")
