@@ -139,9 +139,14 @@ def train_worker(
     settings = _settings(redis_url=redis_url, base_model=model, codec=codec, adapter_store=store, work_dir=work_dir,
                          validate_worker_url=worker_url, consumer=consumer, lease_ms=lease_ms,
                          claim_idle_ms=claim_idle_ms)
+    import signal
+
     queue = JobQueue.connect(settings.redis_url, settings.queue_prefix)
+    trainer = TrainWorker(settings, queue)
+    # SIGTERM (voicering up, Kubernetes, systemd): the running job goes back to the queue at its next step
+    signal.signal(signal.SIGTERM, lambda *_: trainer.shutdown())
     try:
-        TrainWorker(settings, queue).run(max_jobs=max_jobs)
+        trainer.run(max_jobs=max_jobs)
     except KeyboardInterrupt:
         pass
     finally:

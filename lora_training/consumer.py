@@ -7,7 +7,9 @@ keeps the stream entry fresh and watches for a cancel request; then record the o
 - ready / cancelled / failed (not retryable, or out of attempts): state written, entry acked;
 - retryable failure with attempts left: state back to queued, entry left pending, so any
   trainer re-claims it after `claim_idle_ms`;
-- lease lost: nothing written (another trainer may own the job now).
+- lease lost: nothing written (another trainer may own the job now);
+- the trainer itself stopping (`shutdown`, on SIGTERM): state back to queued, that attempt not
+  counted, lock released, entry left pending; the next trainer resumes from the checkpoints.
 
 Every write while a job runs is fenced by the lock token, and so is publishing. A trainer that
 cannot renew for `lease_ms` by its own clock stops the job itself (LeaseLost), since by then the
@@ -26,7 +28,7 @@ import threading
 import time
 import uuid
 
-from lora_training.errors import InfrastructureError, JobStopped, LeaseLost, TrainingError
+from lora_training.errors import InfrastructureError, JobStopped, LeaseLost, TrainerStopping, TrainingError
 from lora_training.jobs import Delivery, JobQueue, Lease
 from lora_training.pipeline import JobSpec, JobState, phase_percent, run_job
 from lora_training.publish import Sampler
@@ -134,10 +136,23 @@ class TrainWorker:
         self.sampler = sampler
         self.console = console
         self.consumer = settings.consumer or f"{socket.gethostname()}:{os.getpid()}"
+        self._stop_event = threading.Event()
+        self._running: Stop | None = None  # the job in progress
+
+    def shutdown(self) -> None:
+        """Stop soon (a signal handler may call it): take no new job, and hand the running one back
+        to the queue at its next step, unfinished attempts not counted, its checkpoints kept."""
+        self._stop_event.set()
+        running = self._running
+        if running is not None:
+            running.set(TrainerStopping("its trainer stopped (SIGTERM); it resumes from its last checkpoint on the "
+                                        "next trainer"))
 
     def run(self, *, max_jobs: int | None = None, stop_event: threading.Event | None = None) -> int:
-        """Process deliveries until max_jobs jobs ran to an outcome (or stop_event is set)."""
-        stop_event = stop_event or threading.Event()
+        """Process deliveries until max_jobs jobs ran to an outcome (or stop_event is set, or `shutdown`)."""
+        if stop_event is not None:
+            self._stop_event = stop_event
+        stop_event = self._stop_event
         finished = failures = 0
         while (max_jobs is None or finished < max_jobs) and not stop_event.is_set():
             try:
@@ -195,6 +210,16 @@ class TrainWorker:
     def _run(self, delivery: Delivery, spec: JobSpec, lease: Lease, attempts: int) -> bool:
         queue, job_id = self.queue, delivery.job_id
         stop = Stop()
+        self._running = stop
+        if self._stop_event.is_set():  # shutdown came between the claim and here
+            self.shutdown()
+        try:
+            return self._outcome(delivery, spec, lease, attempts, stop)
+        finally:
+            self._running = None
+
+    def _outcome(self, delivery: Delivery, spec: JobSpec, lease: Lease, attempts: int, stop: Stop) -> bool:
+        queue, job_id = self.queue, delivery.job_id
         try:
             with Heartbeat(queue, lease, delivery, self.consumer, stop):
                 run_job(spec, self.settings, RedisReporter(lease, stop), stop=stop, sampler=self.sampler,
@@ -202,6 +227,10 @@ class TrainWorker:
                         on_resume=lambda step: lease.update(resumed_from_step=step))
         except LeaseLost as err:
             log.warning("%s", err.message)
+            return False
+        except TrainerStopping as err:  # back to the queue; the entry stays pending for the next trainer
+            lease.update(state="queued", attempts=attempts - 1, error=None, message=err.message)
+            log.info("job %s handed back to the queue: %s", job_id, err.message)
             return False
         except JobStopped as err:
             lease.update(state="cancelled", message=err.message)

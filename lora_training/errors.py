@@ -63,6 +63,13 @@ class JobStopped(TrainingError):
     code = "cancelled"
 
 
+class TrainerStopping(TrainingError):
+    """The trainer running the job was asked to stop (SIGTERM): the job goes back to the queue."""
+
+    code = "trainer_stopping"
+    retryable = True
+
+
 class LeaseLost(TrainingError):
     code = "lease_lost"
     retryable = True

@@ -81,6 +81,36 @@ def test_a_killed_trainer_is_reclaimed_and_resumes_from_its_checkpoint(
     assert meta["sample"]["frames"] > 0
 
 
+def test_sigterm_hands_the_running_job_back_to_the_queue_uncounted(queue, redis_url, uploads, train_settings,
+                                                                   adapter_store, tmp_path):
+    """`voicering up`, Kubernetes and systemd stop a trainer with SIGTERM: it exits 0 at the next
+    step, the job is queued again with that attempt not counted and its lock released, and the
+    entry stays pending for the next trainer (which resumes from the checkpoints)."""
+    params = train_settings.params.model_copy(update={"max_steps": 500, "save_steps": 2})
+    spec = JobSpec(name="dora", tenant="acme", audio=uploads.audio, transcripts=uploads.manifest,
+                   data=train_settings.data, params=params)
+    job = queue.submit(spec).job_id
+    log = tmp_path / "trainer-term.log"
+    cmd = [sys.executable, "-m", "voicering", "train-worker", "--redis-url", redis_url,
+           "--model", train_settings.base_model, "--codec", train_settings.codec, "--store", str(adapter_store),
+           "--work-dir", str(train_settings.work_dir), "--consumer", "trainer-t", "--lease-ms", str(LEASE_MS)]
+    env = {**os.environ, "VOICERING_TRAIN_QUEUE_PREFIX": queue.prefix, "VOICERING_TRAIN_DEVICE": "cpu"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
+    try:
+        _wait(lambda: (s := queue.status(job)).state == "training" and s.step >= 3, 300, "training steps", proc, log)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    status = queue.status(job)
+    assert status.state == "queued" and status.attempts == 0, status
+    assert "trainer stopped (SIGTERM)" in status.message and 3 <= status.step < 500
+    assert queue.holder(job) is None and queue.pending() == 1
+
+
 def test_cancel_stops_a_running_job_at_a_step_boundary(queue, redis_url, uploads, train_settings, tmp_path):
     params = train_settings.params.model_copy(update={"max_steps": 500, "save_steps": 500})
     spec = JobSpec(name="carol", tenant="acme", audio=uploads.audio, transcripts=uploads.manifest,
