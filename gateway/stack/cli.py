@@ -32,6 +32,8 @@ def up(
     gateway_port: int = typer.Option(None, "--gateway-port", help="The gateway's HTTP port (default 8000)."),
     worker_port: int = typer.Option(None, "--worker-port", help="Worker i listens on this + i (default 8765)."),
     agent_port: int = typer.Option(None, "--agent-port", help="The LiveKit agent server's health port (default 8081)."),
+    worker_id_prefix: str = typer.Option(None, "--worker-id-prefix", help="Worker i joins the ring as "
+                                         "PREFIX-i (default up-worker)."),
     tenant: str = typer.Option(None, "--tenant", help="The local tenant created or reused (default local)."),
     trainer: bool = typer.Option(None, "--trainer/--no-trainer", help="Run a training worker (default yes)."),
 ) -> None:
@@ -44,7 +46,7 @@ def up(
 
     settings = _up_settings(folder=folder, workers=workers, redis_url=redis, model=model, codec=codec, host=host,
                             gateway_port=gateway_port, worker_port=worker_port, agent_port=agent_port,
-                            tenant=tenant, trainer=trainer)
+                            worker_id_prefix=worker_id_prefix, tenant=tenant, trainer=trainer)
     raise typer.Exit(asyncio.run(run_up(settings)))
 
 

@@ -66,7 +66,7 @@ def plan_stack(settings: UpSettings, redis_url: str, models: Models, env: Mappin
     base_voices = {} if "VOICERING_WORKER_BASE_VOICES" in env else {"VOICERING_WORKER_BASE_VOICES": json.dumps(BASE_VOICES)}
     workers, urls, ids = [], [], []
     for i, port in enumerate(settings.worker_ports()):
-        worker_id = f"up-worker-{i}"
+        worker_id = f"{settings.worker_id_prefix}-{i}"
         ids.append(worker_id)
         urls.append(f"ws://{host}:{port}")
         workers.append(ChildSpec(

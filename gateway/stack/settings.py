@@ -29,6 +29,8 @@ class UpSettings(BaseSettings):
     gateway_port: int = Field(8000, ge=1, le=65535)
     worker_port: int = Field(8765, ge=1, le=65535, description="worker i listens on worker_port + i")
     agent_port: int = Field(8081, ge=1, le=65535, description="the LiveKit agent server's health port")
+    worker_id_prefix: str = Field("up-worker", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                                  description="worker i joins the ring as <prefix>-<i> (unique per Redis)")
     tenant: str = Field("local", description="the tenant `up` creates (or reuses) and prints the key of")
     trainer: bool = Field(True, description="run a training worker (voice clones from uploads)")
     agent_voice: str = Field("tara", description="voice the LiveKit agent speaks with (when LiveKit is configured)")

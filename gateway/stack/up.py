@@ -69,6 +69,23 @@ async def build_stand_in(cache: Path) -> Models:
     return Models(paths["model"], paths["codec"], stand_in=True)
 
 
+class WorkerIdsInUse(Exception):
+    pass
+
+
+async def check_worker_ids(redis_url: str, worker_ids: tuple[str, ...]) -> None:
+    """Refuse to start workers whose ids are alive in this Redis's ring (another stack's): two
+    processes heartbeating one id would take turns owning its voices."""
+    from hashring.settings import RingSettings
+    from hashring.store import RingStore
+
+    async with RingStore(RingSettings.from_env(redis_url=redis_url)) as store:
+        taken = sorted(set(worker_ids) & (await store.snapshot()).live)
+    if taken:
+        raise WorkerIdsInUse(f"worker id(s) {', '.join(taken)} are alive in the ring at {redis_url} (another "
+                             "`voicering up` or fleet uses them): pass --worker-id-prefix, or stop the other one")
+
+
 async def forget_departed(redis_url: str, worker_ids: tuple[str, ...]) -> list[str]:
     """Remove from the ring the workers of this `up` that are gone but still listed."""
     from hashring.settings import RingSettings
@@ -126,9 +143,15 @@ async def _run(settings: UpSettings, folder: StackFolder, interrupt: asyncio.Eve
     placeholder = Models("<stand-in>", "<stand-in>", True) if settings.model is None else \
         Models(settings.model, settings.codec, False)
     try:
-        check_ports(plan_stack(settings, redis_url, placeholder), settings.host)
-    except PortInUse as exc:
+        planned = plan_stack(settings, redis_url, placeholder)
+        check_ports(planned, settings.host)
+        if embedded is None:
+            await check_worker_ids(redis_url, planned.worker_ids)
+    except (PortInUse, WorkerIdsInUse) as exc:
         report(f"error: {exc}")
+        return EXIT_REFUSED
+    except Exception as exc:  # the given Redis cannot be reached
+        report(f"error: cannot use the Redis at {redis_url}: {exc}")
         return EXIT_REFUSED
     supervisor: Supervisor | None = None
     plan: StackPlan | None = None

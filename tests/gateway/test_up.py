@@ -179,6 +179,33 @@ def test_up_refuses_a_port_in_use_before_starting_anything(tmp_path):
     assert not (tmp_path / "f" / "logs").exists() and not (tmp_path / "f" / "redis").exists()
 
 
+async def test_up_on_a_shared_redis_refuses_worker_ids_another_stack_is_using(redis_server, tmp_path):
+    from hashring.membership import Heartbeat
+    from hashring.records import WorkerInfo
+    from hashring.settings import RingSettings
+    from hashring.store import RingStore
+
+    prefix = f"shared-{os.getpid()}"
+    async with RingStore(RingSettings(redis_url=redis_server.url)) as store, \
+            Heartbeat(store, WorkerInfo(f"{prefix}-1", "ws://elsewhere:1", "ws://elsewhere:1")):
+        done = await asyncio.to_thread(subprocess.run, up_command(
+            tmp_path / "f", "--redis", redis_server.url, "--worker-id-prefix", prefix, "--gateway-port",
+            str(free_ports(1)), "--worker-port", str(free_ports(2))), capture_output=True, text=True, cwd=REPO,
+            env={**os.environ, **UP_ENV}, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"worker id(s) {prefix}-1 are alive in the ring at {redis_server.url}" in done.stdout
+    assert "--worker-id-prefix" in done.stdout and not (tmp_path / "f" / "logs").exists()
+
+
+def test_up_on_an_unreachable_redis_says_so(tmp_path):
+    dead = f"redis://127.0.0.1:{free_ports(1)}/0"
+    done = subprocess.run(up_command(tmp_path / "f", "--redis", dead, "--gateway-port", str(free_ports(1)),
+                                     "--worker-port", str(free_ports(1))),
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, **UP_ENV}, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"error: cannot use the Redis at {dead}" in done.stdout and not (tmp_path / "f" / "logs").exists()
+
+
 def test_a_worker_that_cannot_start_shows_its_log_and_stops_the_rest(tmp_path):
     folder = tmp_path / "f"
     done = subprocess.run(up_command(folder, "--model", str(tmp_path / "no-such-model"), "--workers", "1",
