@@ -39,6 +39,9 @@ bench: $(STAMP)
 	$(VENV)/bin/voicering bench worker --json
 	$(VENV)/bin/voicering bench train --json
 	$(VENV)/bin/voicering bench proxy --json
+	$(VENV)/bin/voicering bench gateway --json
+	$(VENV)/bin/voicering bench livekit --json
+	$(VENV)/bin/voicering bench capacity --json
 
 clean:
 	rm -rf $(VENV) out .cache

@@ -6,6 +6,7 @@ The benchmarks register here, above the packages they measure, so no package imp
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -101,3 +102,52 @@ def livekit(
     from bench.livekit import run
 
     _emit(run(rounds=rounds), as_json)
+
+
+def _levels(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        levels = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise typer.BadParameter("levels are comma-separated integers, e.g. 1,8,16,32") from None
+    if not levels or min(levels) < 1 or list(levels) != sorted(set(levels)):
+        raise typer.BadParameter("levels must be positive and strictly increasing")
+    return levels
+
+
+@app.command("capacity")
+def capacity(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    out: Path | None = typer.Option(None, "--out", help="JSON file to write (the plot goes beside it as .png; "
+                                                        "default .cache/bench-capacity/capacity.json)."),
+    levels: str | None = typer.Option(None, "--levels", help="Concurrent streams per level, e.g. 1,8,16,32,64 "
+                                                             "(default: CUDA 1..512, CPU 1,2,4)."),
+    weights: Path | None = typer.Option(None, "--weights", help="A stand-in root written by `voicering tiny-model "
+                                                                "DIR --shape orpheus-3b` (sets model, codec, voices)."),
+    model: str | None = typer.Option(None, "--model", help="Orpheus weights (full-size or real) instead of the tiny stand-in."),
+    codec: str | None = typer.Option(None, "--codec", help="SNAC 24 kHz weights (with --model)."),
+    voices_dir: str | None = typer.Option(None, "--voices-dir", help="Adapter store whose voices form the LoRA pool (with --model)."),
+    quantization: str | None = typer.Option(None, "--quantization", help="auto (fp8 on CUDA), fp8, none."),
+    max_loras: int | None = typer.Option(None, "--max-loras", min=1, help="Engine LoRA slots (CUDA 16, CPU 2)."),
+    max_cpu_loras: int | None = typer.Option(None, "--max-cpu-loras", min=1, help="Adapters in the engine's CPU cache."),
+    pool: int | None = typer.Option(None, "--pool", min=1, help="Stand-in LoRA voices streams draw from (CUDA 24, CPU 4)."),
+    base_every: int | None = typer.Option(None, "--base-every", min=0, help="Every n-th stream uses the base model (0: none)."),
+    frames: int | None = typer.Option(None, "--frames", min=2, help="Frames (85.3 ms) per utterance (CUDA 70, CPU 12)."),
+    stagger_s: float | None = typer.Option(None, "--stagger-s", min=0.0, help="A level's starts spread over this."),
+    ratio_rounds: int | None = typer.Option(None, "--ratio-rounds", min=1, help="Rounds of LoRA vs base at batch 10."),
+    stop_below: float | None = typer.Option(None, "--stop-below", min=0.0, max=1.0,
+                                            help="End the ramp after a level with a lower real-time share."),
+) -> None:
+    """Real-time streams per worker: a real worker and websocket clients, concurrency ramped until it
+    fails; TTFB, tokens/s, underruns, codec batching per level; LoRA vs base at batch 10."""
+    from bench.capacity import run
+
+    if weights is not None:
+        model, codec, voices_dir = str(weights / "orpheus"), str(weights / "snac_24khz"), str(weights / "voices")
+    if quantization not in (None, "auto", "fp8", "none"):
+        raise typer.BadParameter("quantization is auto, fp8 or none")
+    _emit(run(out=out, levels=_levels(levels), model=model, codec=codec, voices_dir=voices_dir,
+              quantization=quantization, max_loras=max_loras, max_cpu_loras=max_cpu_loras, pool=pool,
+              base_every=base_every, frames=frames, stagger_s=stagger_s, ratio_rounds=ratio_rounds,
+              stop_below=stop_below), as_json)

@@ -14,11 +14,16 @@ def tiny_model(
     directory: Path = typer.Argument(..., help="Where to write the stand-in models."),
     voices: int = typer.Option(2, "--voices", min=0, help="Random LoRA voices to create."),
     force: bool = typer.Option(False, "--force", help="Rebuild even if a complete copy exists."),
+    shape: str = typer.Option("tiny", "--shape", help="tiny (2 layers, for CPU tests) or orpheus-3b (Llama-3.2-3B's "
+                                                      "exact shape, ~6.6 GB of bf16 shards, rank-32 voices)."),
 ) -> None:
-    """Write stand-in weights offline: tiny Orpheus-vocab Llama, tokenizer, random SNAC, LoRA voices."""
-    from gpu_worker.stand_in import build_stand_in
+    """Write stand-in weights offline: Orpheus-vocab Llama (tiny or full-size), tokenizer, random SNAC, LoRA voices."""
+    from gpu_worker.stand_in import SHAPES, build_stand_in
 
-    paths = build_stand_in(directory, voices=voices, force=force)
+    if shape not in SHAPES:
+        typer.echo(f"error: unknown shape {shape!r}; choose one of {', '.join(SHAPES)}", err=True)
+        raise typer.Exit(2)
+    paths = build_stand_in(directory, voices=voices, force=force, shape=shape)  # type: ignore[arg-type]
     typer.echo(json.dumps({"model": str(paths.model), "codec": str(paths.codec), "voices_dir": str(paths.voices),
                            "voices": sorted(p.name for p in paths.voices.iterdir()) if paths.voices.exists() else []}))
 
