@@ -19,7 +19,7 @@ SNAC_VERSION=1.2.1
 if [[ "${1:-}" == "--prepare" ]]; then
   "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl "snac==$SNAC_VERSION"
-  git check-ignore -q .whl 2>/dev/null || echo "note: .whl/ is not ignored; add '/.whl/' to .git/info/exclude" >&2
+  git check-ignore -q .whl 2>/dev/null || echo "note: .whl/ is not ignored; add '/.whl/' to .gitignore" >&2
   exit 0
 fi
 
