@@ -45,6 +45,18 @@ def command_calls(url: str) -> dict[str, int]:
     return {name: s["calls"] for name, s in stats.items() if name not in probe}
 
 
+@pytest.fixture
+async def alone():
+    """(Tenants, url) on a Redis of this test's own: command counts are server-wide, and the
+    session Redis also serves the session worker's heartbeats and every gateway's ring refreshes."""
+    from hashring.embedded import EmbeddedRedis
+
+    async with EmbeddedRedis() as server:
+        client = connect_redis(server.url, timeout_s=2.0)
+        yield Tenants(client, "test:alone"), server.url
+        await client.aclose()
+
+
 def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
@@ -170,7 +182,8 @@ async def test_unauthorized_is_one_message_that_never_echoes_the_key(tenants):
     assert len(messages) == 1 and "Authorization: Bearer" in messages.pop()
 
 
-async def test_authentication_is_one_round_trip_whatever_the_key(tenants, redis_url):
+async def test_authentication_is_one_round_trip_whatever_the_key(alone):
+    tenants, redis_url = alone
     _, key = await tenants.create("acme")
     await tenants.authenticate(key)  # the script is loaded now
     for candidate in (key, "vr_" + "A" * 43, "garbage"):
@@ -222,7 +235,8 @@ async def test_a_voice_needs_consent(tenants):
         await tenants.register_voice(tenant, "v", consent="  ", job_id=None)
 
 
-async def test_another_tenants_voice_looks_exactly_like_a_missing_one(tenants, redis_url):
+async def test_another_tenants_voice_looks_exactly_like_a_missing_one(alone):
+    tenants, redis_url = alone
     owner, _ = await tenants.create("owner")
     snoop, _ = await tenants.create("snoop")
     await tenants.register_voice(owner, "secret", consent="ok", job_id=None)
