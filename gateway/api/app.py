@@ -23,6 +23,7 @@ from starlette.routing import Match
 
 from gateway.api import errors, speech, stream, voices
 from gateway.api.auth import caller, gateway_of
+from gateway.api.edge import RequestEdge
 from gateway.api.state import Gateway, open_gateway
 from gateway.settings import GatewaySettings
 from gateway.tenants import Tenant, TenantError
@@ -65,12 +66,11 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
     app.include_router(stream.router)
     app.include_router(voices.router)
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        response = await call_next(request)
-        route = _route_of(request)
-        gateway_of(request).metrics.requests.labels(route, str(response.status_code)).inc()
-        return response
+    def count(scope, status: int) -> None:
+        request = Request(scope)
+        gateway_of(request).metrics.requests.labels(_route_of(request), str(status)).inc()
+
+    app.add_middleware(RequestEdge, count=count)
 
     @app.get("/health", include_in_schema=False)
     async def health(request: Request) -> JSONResponse:

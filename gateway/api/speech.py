@@ -31,6 +31,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.api.auth import caller, gateway_of, resolve_and_admit
+from gateway.api.edge import received_at
 from gateway.api.encode import MEDIA_TYPES, ResponseFormat, open_encoder
 from gateway.api.errors import ApiError, from_worker_error
 from gateway.api.speed import MAX_SPEED, MIN_SPEED, SpeedChanger
@@ -88,7 +89,7 @@ class SpeechRequest(BaseModel):
 async def create_speech(body: SpeechRequest, request: Request,
                         tenant: Annotated[Tenant, Depends(caller)]) -> StreamingResponse:
     gateway = gateway_of(request)
-    received = time.perf_counter()
+    received = received_at(request)  # before authentication and body parsing
     limit = gateway.settings.max_input_chars
     if len(body.input) > limit:
         raise ApiError(400, f"input is {len(body.input)} characters; the most is {limit}: split the text",
@@ -98,6 +99,7 @@ async def create_speech(body: SpeechRequest, request: Request,
                        type="not_found_error", param="model", code="model_not_found")
     voice_id, slot = await resolve_and_admit(gateway, tenant, body.voice_name)
     run = _Run(gateway, tenant, slot)
+    admitted = time.perf_counter()
     try:
         stream = await gateway.pool.start(voice_id, body.input,
                                           options=UtteranceOptions(seed=body.seed, max_tokens=body.max_tokens))
@@ -105,6 +107,7 @@ async def create_speech(body: SpeechRequest, request: Request,
         await stream.end()
         audio = stream.audio()
         first = await anext(audio, None)
+        first_audio = time.perf_counter()
     except WorkerRequestError as exc:
         await run.close()
         raise from_worker_error(exc) from None
@@ -116,7 +119,10 @@ async def create_speech(body: SpeechRequest, request: Request,
         body_iter, media_type = _sse(run, body_iter), "text/event-stream"
     else:
         media_type = MEDIA_TYPES[body.response_format]
-    headers = {"x-voicering-worker": stream.worker_id or "", "cache-control": "no-store"}
+    # what the gateway held the request for (key, limits, voice, slot) and what the worker took to
+    # its first audio: a client's TTFB minus `worker` is the gateway's whole share, HTTP included
+    timing = f"admit;dur={(admitted - received) * 1000:.2f}, worker;dur={(first_audio - admitted) * 1000:.2f}"
+    headers = {"x-voicering-worker": stream.worker_id or "", "cache-control": "no-store", "server-timing": timing}
     return _Streamed(body_iter, run.close, media_type=media_type, headers=headers)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
+import time
 
 import av
 import httpx
@@ -53,6 +55,23 @@ def test_every_response_format_decodes_to_the_audio_spoken(gateway, key, fmt):
     if fmt == "wav":
         samples, rate = sf.read(io.BytesIO(data), dtype="int16")
         assert rate == 24000 and len(samples) == 2 * 2048
+
+
+def test_server_timing_splits_the_gateway_s_wait_from_the_worker_s(gateway, key):
+    began = time.perf_counter()
+    with httpx.stream("POST", f"{gateway.url}/v1/audio/speech", headers={"Authorization": f"Bearer {key}"},
+                      json={"model": "tts-1", "voice": "tara", "input": "Timed.", "response_format": "pcm", **EXTRA},
+                      timeout=60) as response:
+        ttfb_ms = (time.perf_counter() - began) * 1000
+        body = response.read()
+    assert response.status_code == 200 and body
+    timing = dict(re.fullmatch(r"(\w+);dur=([\d.]+)", part.strip()).groups()
+                  for part in response.headers["server-timing"].split(","))
+    admit, worker_ms = float(timing["admit"]), float(timing["worker"])
+    assert set(timing) == {"admit", "worker"} and 0 < admit and 0 < worker_ms
+    assert admit + worker_ms <= ttfb_ms  # both inside what the client waited for its first byte
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    assert re.search(r'voicering_gateway_requests_total\{route="/v1/audio/speech",status="200"\} [1-9]', metrics)
 
 
 async def test_pcm_equals_the_worker_s_samples_for_the_same_seed(gateway, worker, key):
