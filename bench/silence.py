@@ -15,31 +15,15 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from bench.speech import pad_silence, synthesize
+from bench.speech import VOICES, pad_silence, synthesize
+from lora_training.espeak import HARVARD_SENTENCES
 from silence_trim import SileroVad, StreamOptions, StreamTrimmer, measure
 
 SR = 24000
 HEAD_MS = 600  # an Orpheus base voice's typical generated head silence
 CHUNK = 2048  # one SNAC frame
-VOICES = ("en-us", "en+f3")
-SENTENCES = (
-    "The birch canoe slid on the smooth planks.",
-    "Glue the sheet to the dark blue background.",
-    "It's easy to tell the depth of a well.",
-    "These days a chicken leg is a rare dish.",
-    "Rice is often served in round bowls.",
-    "The juice of lemons makes fine punch.",
-    "The box was thrown beside the parked truck.",
-    "The hogs were fed chopped corn and garbage.",
-    "Four hours of steady work faced us.",
-    "A large size in stockings is hard to sell.",
-    "The boy was there when the sun rose.",
-    "A rod is used to catch pink salmon.",
-    "Smoky fires lack flame and heat.",
-    "Press the pants and sew a button on the vest.",
-    "Two blue fish swam in the tank.",
-    "Read verse out loud for pleasure.",
-)
+# the figures' clips: twelve Harvard sentences and four more, both espeak-ng voices alternating
+SENTENCES = tuple(HARVARD_SENTENCES[i] for i in (*range(12), 16, 22, 25, 29))
 
 
 def speech_edges(audio: np.ndarray) -> tuple[int, int]:

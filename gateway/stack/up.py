@@ -140,10 +140,11 @@ async def _run(settings: UpSettings, folder: StackFolder, interrupt: asyncio.Eve
 
     embedded = None if settings.redis_url else EmbeddedRedis(data_dir=(settings.folder / "redis").resolve())
     redis_url = settings.redis_url or embedded.url
-    placeholder = Models("<stand-in>", "<stand-in>", True) if settings.model is None else \
+    # the plan as far as ports and worker ids go (the stand-in's paths are known once it is built)
+    named = Models("<stand-in>", "<stand-in>", True) if settings.model is None else \
         Models(settings.model, settings.codec, False)
     try:
-        planned = plan_stack(settings, redis_url, placeholder)
+        planned = plan_stack(settings, redis_url, named)
         check_ports(planned, settings.host)
         if embedded is None:
             await check_worker_ids(redis_url, planned.worker_ids)
@@ -160,7 +161,7 @@ async def _run(settings: UpSettings, folder: StackFolder, interrupt: asyncio.Eve
             report(f"stand-in weights (built once into {settings.stand_in_cache})")
             models = await _until(build_stand_in(settings.stand_in_cache), interrupt)
         else:
-            models = placeholder
+            models = named
         if embedded is not None:
             embedded.start()
             report(f"embedded Redis on {redis_url} (data kept in {settings.folder / 'redis'})")
