@@ -166,9 +166,10 @@ async def _run(settings: UpSettings, folder: StackFolder, interrupt: asyncio.Eve
             embedded.start()
             report(f"embedded Redis on {redis_url} (data kept in {settings.folder / 'redis'})")
         plan = plan_stack(settings, redis_url, models)
-        folder.write_state(UpState(os.getpid(), "starting", plan.gateway_url, list(plan.worker_urls),
-                                   list(plan.worker_ids), redis_url, settings.tenant, str(folder.key_file),
-                                   str(settings.logs), plan.agent, models.stand_in))
+        state = UpState(os.getpid(), "starting", plan.gateway_url, list(plan.worker_urls), list(plan.worker_ids),
+                        redis_url, settings.tenant, str(folder.key_file), str(settings.logs), plan.agent,
+                        models.stand_in)
+        folder.write_state(state)
         stages = [[Child(spec, settings.logs) for spec in stage] for stage in plan.stages]
         supervisor = Supervisor(stages, report=report,
                                 policy=RestartPolicy(settings.max_restarts, settings.restart_window_s))
@@ -177,9 +178,8 @@ async def _run(settings: UpSettings, folder: StackFolder, interrupt: asyncio.Eve
                + f" (logs: {settings.logs}/)")
         await supervisor.start(interrupt)
         key, created = await _until(ensure_local_tenant(redis_url, settings.tenant, folder), interrupt)
-        folder.write_state(UpState(os.getpid(), "ready", plan.gateway_url, list(plan.worker_urls),
-                                   list(plan.worker_ids), redis_url, key.tenant, str(folder.key_file),
-                                   str(settings.logs), plan.agent, models.stand_in))
+        state.state = "ready"
+        folder.write_state(state)
         report(_banner(plan, key, created, redis_url, settings, models))
         failure = await supervisor.watch(interrupt)
         if failure:
