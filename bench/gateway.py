@@ -62,7 +62,7 @@ def _start_gateway(redis_url: str, prefix: str, port: int, tenant_prefix: str) -
     log = open(WORK / "gateway.log", "w")  # noqa: SIM115 - the process writes it until it stops
     proc = subprocess.Popen([sys.executable, "-m", "voicering", "gateway", "--port", str(port), "--redis", redis_url,
                              "--ring-prefix", prefix, "--voices-dir", str(WORK / "voices"),
-                             "--uploads-dir", str(WORK / "uploads")], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                             "--uploads-dir", str(WORK / "uploads"), "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                             env={**os.environ, "VOICERING_GATEWAY_TENANT_PREFIX": tenant_prefix})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

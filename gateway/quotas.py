@@ -155,9 +155,15 @@ class Quotas:
             held = await self._acquire_training(keys=[self.keys.training(tenant.id)],
                                                 args=[job_id, tenant.limits.max_training_jobs])
         if not held:
-            raise QuotaExceeded(
-                f"tenant {tenant.name!r} already has {tenant.limits.max_training_jobs} training jobs running, its "
-                "limit; wait for one to finish", limit="training_jobs")
+            raise _training_full(tenant)
+
+    async def check_training_slot(self, tenant: Tenant) -> None:
+        """QuotaExceeded if the tenant has no training slot free now (a check, nothing taken: the
+        cheap refusal before work that `acquire_training_slot` then takes atomically)."""
+        with redis_errors():
+            held = await self._redis.scard(self.keys.training(tenant.id))
+        if held >= tenant.limits.max_training_jobs:
+            raise _training_full(tenant)
 
     async def release_training_slot(self, tenant: Tenant, job_id: str) -> bool:
         """Free the slot of job `job_id` (finished, failed or cancelled); False if it held none."""
@@ -168,6 +174,11 @@ class Quotas:
         """Job ids holding a training slot of the tenant."""
         with redis_errors():
             return frozenset(await self._redis.smembers(self.keys.training(tenant.id)))
+
+
+def _training_full(tenant: Tenant) -> QuotaExceeded:
+    return QuotaExceeded(f"tenant {tenant.name!r} already has {tenant.limits.max_training_jobs} training jobs running, "
+                         "its limit; wait for one to finish", limit="training_jobs")
 
 
 class StreamSlot:

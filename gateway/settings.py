@@ -7,6 +7,7 @@ Defaults are not repeated here: tenant limits are read off `TenantLimits`, the s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -54,12 +55,34 @@ class GatewaySettings(BaseSettings):
     base_voices: tuple[str, ...] = Field(("tara", "leo"), description="platform voices every tenant may speak "
                                          "(global voice ids the workers serve)")
     max_input_chars: int = Field(4096, ge=1, description="characters of `input` one speech request may carry")
+    # the HTTP edge (gateway.serve, gateway.api.edge)
+    http: Literal["auto", "httptools", "h11"] = Field("auto", description="uvicorn's HTTP parser (auto: httptools "
+                                                      "when installed); both close slow request heads")
+    header_timeout_s: float = Field(5.0, gt=0, description="a connection that has not sent a whole request head "
+                                    "this long after it opened (or after its previous response) is closed")
+    body_timeout_s: float = Field(30.0, gt=0, description="longest a JSON request body may take to arrive (408)")
+    max_connections: int = Field(2048, ge=1, description="open connections and requests at once; past it uvicorn "
+                                 "answers 503 (uvicorn's limit_concurrency)")
+    backlog: int = Field(2048, ge=1, description="connections the kernel queues before the server accepts them")
+    metrics_host: str = Field("127.0.0.1", description="address of the internal metrics server (GET /metrics); "
+                              "the public port does not serve metrics")
+    metrics_port: int | None = Field(8001, ge=0, le=65535, description="port of the internal metrics server "
+                                     "(0: any free port; None: no metrics server)")
     # voices and cloning
     uploads_dir: Path = Field(Path("var/uploads"), description="where uploaded audio is kept until its voice is "
                               "deleted (the trainers read it: shared storage in a fleet)")
     voices_dir: Path = Field(Path("var/voices"), description="the adapter store the trainers publish into and "
                              "the workers read (deleting a voice removes its adapter here)")
     train_prefix: str = Field("voicering:train", min_length=1, description="Redis prefix of the training queue")
+    # what one upload may take of this process while it is received and checked (POST /v1/voices)
+    max_concurrent_decodes: int = Field(4, ge=1, description="upload checks decoding audio at once in this gateway "
+                                        "process; an upload past it is refused (503 decodes_busy, Retry-After)")
+    max_decodes_per_tenant: int = Field(2, ge=1, description="of those, at once for one tenant; past it: 429 "
+                                        "decodes_limit_exceeded, Retry-After")
+    upload_idle_timeout_s: float = Field(30.0, gt=0, description="an upload body that sends nothing for this long "
+                                         "is cut: 408 request_timeout, its files removed")
+    upload_body_timeout_s: float = Field(900.0, gt=0, description="the longest a whole upload body may take to "
+                                         "arrive: 408 request_timeout past it, its files removed")
 
     @field_validator("redis_url")
     @classmethod
@@ -82,3 +105,6 @@ class GatewaySettings(BaseSettings):
     clone_params: TrainParams = Field(TrainParams(), description="LoRA training parameters of clone jobs")
     clone_asr: bool = Field(False, description="the trainers transcribe uploads that come without a transcript "
                             "(they run with VOICERING_TRAIN_ASR_MODEL); off: such uploads are refused at once")
+    clone_warming_deadline_s: float = Field(600.0, gt=0, description="a published clone not prewarmed on every "
+                                            "owner this long after its job was ready is made ready anyway (its "
+                                            "adapter checked; workers load it on first use), and its slot freed")

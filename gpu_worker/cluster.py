@@ -58,7 +58,7 @@ async def join_cluster(settings: WorkerSettings, load: Callable[[], int],
     if not settings.redis_url:
         yield None
         return
-    ring_settings = RingSettings(redis_url=settings.redis_url, prefix=settings.ring_prefix)
+    ring_settings = RingSettings.from_env(redis_url=settings.redis_url, prefix=settings.ring_prefix)  # + cadence
     async with AsyncExitStack() as stack:
         store = await stack.enter_async_context(RingStore(ring_settings))
         heartbeat = await stack.enter_async_context(Heartbeat(store, worker_info(settings), load=load))
@@ -75,7 +75,7 @@ async def join_cluster(settings: WorkerSettings, load: Callable[[], int],
         cooler = await stack.enter_async_context(CoolLoop(control, interval_s=settings.ring_cool_interval_s))
         heat = await stack.enter_async_context(HeatRecorder(control, flush_interval_s=settings.ring_heat_flush_s))
         log.info("worker %s joined the hash ring", settings.worker_id)
-        yield Cluster(store, heartbeat, watcher, pool, Forwarder(settings.worker_id, watcher, ring_settings, pool),
+        yield Cluster(store, heartbeat, watcher, pool, Forwarder(settings.worker_id, watcher, ring_settings, pool, heat),
                       ring_settings, warmer, heat, cooler)
 
 

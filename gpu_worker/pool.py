@@ -13,6 +13,8 @@ The gateway and the worker's proxy both use it; nothing here imports torch or vL
 already tried, ejected workers and workers in reconnect back-off are excluded, so placement
 spills to the next owner in ring order. If *every* worker is ejected, ejections are ignored
 (Envoy's panic mode): a lone worker that restarts is found again without waiting out its ejection.
+A start routed by the ring carries `placed` (`Router.places`): the worker that receives it serves
+it itself, so one decision-maker (this pool) places each request and no worker relays it again.
 
 **Connections.** One websocket per worker, opened lazily (or by `prewarm`), shared by all the
 utterances routed there; `handshakes` counts the websocket handshakes that succeeded. A worker
@@ -27,12 +29,21 @@ back off exponentially (`reconnect_base_s` doubling to `reconnect_max_s`).
 **Ejection** (Envoy's outlier detection): a dial that fails (refused, handshake refused or not
 answered within `open_timeout_s`) ejects the worker at once; `consecutive_errors` (5) failures on
 open connections in a row (a connection lost, `engine_error`, `internal`) eject it too; a
-completed utterance resets the count; `busy` and the caller's own mistakes do not count. An
+completed utterance resets the count; `busy`, the caller's own mistakes (`bad_request`...) and a
+connection the worker closed with 1009 (a message too big: the sender's fault) do not count. An
 ejection lasts `ejection_base_s` (30 s) × the worker's ejection count, capped at
 `ejection_max_s` (300 s); the count starts over once a worker has stayed un-ejected for
 `ejection_max_s`. At most `max_ejected_share` (10 %) of the workers are ejected at once, at least
 one. When an ejection ends, the next utterance routed there is the probe: its dial either brings
 the worker back or ejects it again, for longer.
+
+**Frames a worker would refuse are never sent.** A worker closes a connection that carries a
+message over its `max_size` (1009), and with it every utterance sharing that connection. So each
+message is encoded (UTF-8 JSON) and measured before it is sent or kept for a replay: one over
+`peer_max_message_bytes` (the worker's own limit, `protocol.MAX_MESSAGE_BYTES`) is refused to
+its caller with `text_too_long` (a `start` or `text`) or `bad_request`, not retryable; nothing is
+sent, the utterance is not retried elsewhere, and the connection and the utterance carry on
+(a refused `start` never opens).
 
 **Hung workers.** A worker that takes a connection (even a websocket handshake) and then never
 answers is caught twice: a dial not answered within `open_timeout_s` ejects it, and an
@@ -71,16 +82,17 @@ import math
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, NamedTuple
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
+from websockets.frames import CloseCode
 
 from gpu_worker.client import Speech, WorkerRequestError, collect
-from gpu_worker.protocol import (AudioChunk, Cancel, ClientMessage, Done, End, Error, Flush, PushText, Rejected, Start,
-                                 UtteranceOptions, encode, parse_server)
+from gpu_worker.protocol import (MAX_MESSAGE_BYTES, AudioChunk, Cancel, ClientMessage, Done, End, Error, Flush, PushText,
+                                 Rejected, Start, UtteranceOptions, encode, parse_server)
 from gpu_worker.routers import RingRouter, Router, StaticRouter
 from hashring.errors import EmptyRing
 from hashring.records import WorkerInfo
@@ -121,7 +133,8 @@ class PoolSettings:
     ejection_base_s: float = 30.0  # × ejection count
     ejection_max_s: float = 300.0
     max_ejected_share: float = 0.1  # of the workers known to the router; at least one
-    max_message_bytes: int = 1 << 22
+    max_message_bytes: int = 1 << 22  # the largest message taken from a worker
+    peer_max_message_bytes: int = MAX_MESSAGE_BYTES  # the largest a worker takes: bigger ones are refused unsent
     first_audio_timeout_s: float | None = 30.0  # after a flush or end, the longest wait for an utterance's first audio
     address: Literal["ws_url", "proxy_url"] = "ws_url"  # which registered address to dial (workers use proxy_url)
     token: str | None = None  # the cluster token, sent as `Authorization: Bearer` on every dial
@@ -131,6 +144,8 @@ class PoolSettings:
             raise ValueError("max_connections_per_peer, max_attempts and consecutive_errors must be >= 1")
         if not 0 < self.max_ejected_share <= 1:
             raise ValueError("max_ejected_share must be in (0, 1]")
+        if self.peer_max_message_bytes < 1:
+            raise ValueError("peer_max_message_bytes must be >= 1")
         if self.first_audio_timeout_s is not None and self.first_audio_timeout_s <= 0:
             raise ValueError("first_audio_timeout_s must be > 0 (or None: wait as long as it takes)")
 
@@ -229,7 +244,9 @@ class WorkerPool:
 
         ``proxied_by``: the hop marker a forwarding worker sets (its own id); ``exclude``: workers
         never to use for it (a forwarding worker excludes itself)."""
-        start = Start(uuid.uuid4().hex[:16], voice, text, options or UtteranceOptions(), proxied_by=proxied_by)
+        start = Start(uuid.uuid4().hex[:16], voice, text, options or UtteranceOptions(), proxied_by=proxied_by,
+                      placed=self.router.places)
+        self._frame(start)  # refused here, before routing, if no worker would take it
         stream = PoolStream(self, voice, start, exclude)
         await stream._open(None)
         return stream
@@ -330,6 +347,22 @@ class WorkerPool:
             if link.has_room():
                 return link
         return await self._dial(peer)
+
+    def _frame(self, message: ClientMessage) -> bytes:
+        """`message` as the UTF-8 bytes of its text frame, or WorkerRequestError (not retryable) when
+        a worker would refuse it: sent, it would close the shared connection (1009)."""
+        try:
+            frame = encode(message).encode()
+        except UnicodeEncodeError:  # a lone surrogate: no websocket text frame can carry it
+            raise WorkerRequestError(Error("bad_request", f"this '{message.type}' holds text that is not valid Unicode; "
+                                                          "send UTF-8 text", False, message.context_id)) from None
+        limit = self.settings.peer_max_message_bytes
+        if len(frame) > limit:
+            code = "text_too_long" if isinstance(message, Start | PushText) else "bad_request"
+            raise WorkerRequestError(Error(code, f"this '{message.type}' is {len(frame)} bytes encoded, over the "
+                                                 f"{limit} bytes a worker takes in one message; send the text in "
+                                                 "smaller pieces", False, message.context_id))
+        return frame
 
     def _address(self, info: WorkerInfo) -> str:
         return info.proxy_url if self.settings.address == "proxy_url" else info.ws_url
@@ -442,7 +475,10 @@ class WorkerPool:
         finally:
             if link in link.peer.links:
                 link.peer.links.remove(link)
-            if link.contexts and not self._closing:
+            too_big = link.ws.close_code == CloseCode.MESSAGE_TOO_BIG
+            if too_big:  # our fault, not the worker's: never counted toward its ejection
+                log.error("worker %s closed %s: a message sent there was over its size limit", link.peer.id, link.name)
+            elif link.contexts and not self._closing:
                 self._failed(link.peer, "connection lost")
             for attempt in link.contexts.values():
                 attempt.queue.put_nowait(_LOST)
@@ -470,6 +506,9 @@ class PoolStream:
         self.first_audio_at: float | None = None
         self.last_chunk_received_at: float | None = None
         self._asked_at: float | None = None  # when the current try was last asked to speak (flush/end), monotonic
+        # text sent since the last flush: only a flush or end with something to say asks the worker to
+        # speak (an empty flush has no audio to wait for: the caller, not the worker, would be timed out)
+        self._unspoken = bool(start.text.strip())
 
     @property
     def context_id(self) -> str:
@@ -547,22 +586,25 @@ class PoolStream:
         limit = pool.settings.first_audio_timeout_s
         if attempt.link.contexts.pop(attempt.context_id, None) is not None:
             with contextlib.suppress(ConnectionClosed):
-                await attempt.link.ws.send(encode(Cancel(attempt.context_id)))
+                await attempt.link.ws.send(pool._frame(Cancel(attempt.context_id)), text=True)
         pool._eject(peer, f"no first audio within {limit:.0f} s")
         await self._retry(attempt, Error("worker_timeout", f"worker {peer.id} sent no audio within {limit:.0f} s of "
                                                            "being asked to speak", True, attempt.context_id))
 
     async def _send(self, message: ClientMessage) -> None:
         async with self._lock:
-            if isinstance(message, Flush | End):
-                self._asked_at = time.monotonic()
+            attempt = self._attempt
+            frame = self._pool._frame(_for(message, attempt.context_id) if attempt else message)  # refused: no effect
+            if isinstance(message, PushText) and message.text.strip():
+                self._unspoken = True
+            elif isinstance(message, Flush | End) and self._unspoken:
+                self._asked_at, self._unspoken = time.monotonic(), False
             if self._log is not None:
                 self._log.append(message)
-            attempt = self._attempt
             if attempt is None or attempt.context_id not in attempt.link.contexts:
                 return  # the context is over; audio() retries with the log or reports why
             try:
-                await attempt.link.ws.send(encode(_for(message, attempt.context_id)))
+                await attempt.link.ws.send(frame, text=True)
             except ConnectionClosed:
                 pass  # the reader queues _LOST: audio() retries or ends with worker_lost
 
@@ -601,8 +643,8 @@ class PoolStream:
                 if self._asked_at is not None:  # the replay asks again: the new worker gets the full wait
                     self._asked_at = time.monotonic()
                 try:
-                    for message in self._log or ():
-                        await link.ws.send(encode(_for(message, attempt.context_id)))
+                    for message in self._log or ():  # each was measured when it was first sent
+                        await link.ws.send(pool._frame(_for(message, attempt.context_id)), text=True)
                 except ConnectionClosed:
                     pass  # the reader queues _LOST for it: audio() comes back here
                 return

@@ -18,6 +18,12 @@ from hashring.records import MAX_VOICE_ID_BYTES  # the ring's bound; the store's
 PROTOCOL_VERSION = 1
 AUDIO_KIND = 0x01
 MAX_CONTEXT_ID_BYTES = 64
+# A worker accepts no websocket message larger than this (it closes the connection with 1009): the
+# server's `max_size`, and the most a pool may send on a shared link (`PoolSettings.peer_max_message_bytes`).
+MAX_MESSAGE_BYTES = 1 << 20
+# The worker's default text limits per context (WorkerSettings' defaults; the gateway holds callers to them).
+MAX_TEXT_CHARS = 4096  # buffered before a flush (one segment)
+MAX_CONTEXT_BACKLOG_CHARS = 16384  # buffered + flushed, not yet being spoken
 _SEQ = struct.Struct(">I")
 
 
@@ -41,6 +47,7 @@ class Start:
     text: str = ""
     options: UtteranceOptions = field(default_factory=UtteranceOptions)
     proxied_by: str | None = None  # hop marker: the entry worker that forwarded it (an owner never forwards again)
+    placed: bool = False  # a ring-aware pool chose this worker: it serves the start itself, never relays it
     type: Literal["start"] = "start"
 
 
@@ -158,7 +165,9 @@ _SERVER_TYPES: dict[str, type] = {"done": Done, "error": Error, "rejected": Reje
 
 
 def encode(message: ClientMessage | ServerMessage) -> str:
-    return json.dumps(asdict(message), separators=(",", ":"))
+    """Compact JSON, non-ASCII characters as themselves: the UTF-8 bytes on the link are what a
+    sender counted (ASCII escapes would turn 2 bytes of 'é' into 6 and 4 bytes of an emoji into 12)."""
+    return json.dumps(asdict(message), separators=(",", ":"), ensure_ascii=False)
 
 
 def _valid_unicode(value: str) -> bool:
@@ -255,6 +264,8 @@ def _parse_payload(payload: dict[str, Any], kind: str | None, context_id: str | 
             raise BadRequest("start needs a non-empty 'voice'")
         if not _valid_unicode(voice) or len(voice.encode()) > MAX_VOICE_ID_BYTES:
             raise BadRequest(f"'voice' must be valid Unicode of at most {MAX_VOICE_ID_BYTES} bytes")
+        if not isinstance(payload.get("placed", False), bool):
+            raise BadRequest("'placed' must be true or false")
         hop = payload.get("proxied_by")
         if hop is not None and _context_id(hop) is None:  # a worker id: same shape as a context id
             raise BadRequest(f"'proxied_by' must be a worker id of at most {MAX_CONTEXT_ID_BYTES} bytes")

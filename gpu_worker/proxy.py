@@ -4,7 +4,12 @@ over the worker pool (one persistent multiplexed link per peer) and relays every
 - **Deciding** (`Forwarder.should_forward`): forward when the ring has workers and this worker is
   not among the voice's placement owners (a draining worker is in no placement, so it forwards
   everything new). A start that already carries a hop marker (``proxied_by``) is never forwarded
-  again: an owner that disagrees about ownership serves it itself, so no request ever loops.
+  again: an owner that disagrees about ownership serves it itself, so no request ever loops. A
+  start a ring-aware pool placed (``placed``) is never forwarded either: that pool already chose
+  this worker among the owners or, with them full or failed, past them, and a relay back to the
+  owner it avoided would only add a hop. Such a start for a voice this worker does not own is a
+  spill: it is reported to the cool loop (`HeatRecorder.spilled`), which raises the voice's
+  replicas. The relay remains for callers that do not know the ring (no marker).
 - **Relaying** (`ProxiedUtterance`): the caller's context keeps every local limit (it is an
   `Utterance`: text limits, backlog, idle timeout); flushed segments go to the owner as they come;
   audio comes back re-tagged with the caller's context id only (no PCM re-encode), and the owner's
@@ -35,6 +40,7 @@ from hashring.placement import place
 if TYPE_CHECKING:
     from gpu_worker.pool import PoolStream, WorkerPool
     from hashring.membership import RingWatcher
+    from hashring.placement import HeatRecorder
     from hashring.settings import RingSettings
 
 log = logging.getLogger(__name__)
@@ -45,11 +51,14 @@ CANCEL_TIMEOUT_S = 2.0
 class Forwarder:
     """This worker's view of who owns a voice, and the pool that reaches the owners."""
 
-    def __init__(self, worker_id: str, watcher: RingWatcher, ring_settings: RingSettings, pool: WorkerPool) -> None:
+    def __init__(self, worker_id: str, watcher: RingWatcher, ring_settings: RingSettings, pool: WorkerPool,
+                 heat: HeatRecorder | None = None) -> None:
         self.worker_id = worker_id
         self.watcher = watcher
         self.ring_settings = ring_settings
         self.pool = pool
+        self.heat = heat  # where spills are reported (None: not reported)
+        self.spills = 0  # placed starts this worker served for voices it does not own
 
     def should_forward(self, start: Start) -> bool:
         if start.proxied_by is not None:
@@ -61,7 +70,14 @@ class Forwarder:
             owners = place(view, start.voice, self.ring_settings).owners
         except (EmptyRing, InvalidVoiceId):
             return False  # the local path gives the client the clear error
-        return self.worker_id not in owners
+        if self.worker_id in owners:
+            return False
+        if start.placed:  # the pool decided: serve it, and tell the cool loop the voice spilled
+            self.spills += 1
+            if self.heat is not None:
+                self.heat.spilled(start.voice)
+            return False
+        return True
 
 
 class ProxiedUtterance(Utterance):

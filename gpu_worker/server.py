@@ -46,8 +46,8 @@ from websockets.http11 import Request, Response
 
 from gpu_worker.errors import BacklogFull, BadMessage, BadRequest, Busy, EmptyText, SlowConsumer, TextTooLong, WorkerError
 from gpu_worker.prewarm import PrewarmBusy, Prewarms
-from gpu_worker.protocol import (MAX_VOICE_ID_BYTES, AudioChunk, Cancel, ClientMessage, Done, End, Error, Flush, PushText, Rejected, Start,
-                                 UtteranceStats, encode, parse_client)
+from gpu_worker.protocol import (MAX_MESSAGE_BYTES, MAX_VOICE_ID_BYTES, AudioChunk, Cancel, ClientMessage, Done, End, Error,
+                                 Flush, PushText, Rejected, Start, UtteranceStats, encode, parse_client)
 from gpu_worker.proxy import Forwarder, ProxiedUtterance
 from gpu_worker.session import Backlog, SessionDeps, Utterance
 from gpu_worker.settings import WorkerSettings
@@ -173,7 +173,7 @@ class WorkerServer:
 
     async def serve(self) -> Server:
         return await serve(self.handle, self.settings.host, self.settings.port, process_request=self._process_request,
-                           max_size=1 << 20, ping_interval=20, ping_timeout=20, close_timeout=self.settings.close_timeout_s)
+                           max_size=MAX_MESSAGE_BYTES, ping_interval=20, ping_timeout=20, close_timeout=self.settings.close_timeout_s)
 
     async def aclose(self) -> None:
         if self.prewarms is not None:
@@ -185,7 +185,7 @@ class WorkerServer:
             if sock is not None:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.settings.socket_send_buffer)
         conn = _Connection(ws, asyncio.Queue(maxsize=self.settings.send_queue), self.settings.slow_consumer_s,
-                           Backlog(self.settings.max_connection_backlog_chars))
+                           Backlog(self.settings.connection_backlog_limit()))
         writer = asyncio.create_task(self._write(conn), name="writer")
         reader = asyncio.create_task(self._read(conn), name="reader")
         cut = asyncio.create_task(conn.cut.wait(), name="cut")

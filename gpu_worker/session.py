@@ -25,7 +25,7 @@ from gpu_worker.codec import NOISE_PERIOD_LATENT, LATENT_PER_FRAME, to_pcm16
 from gpu_worker.engine import SamplingOptions, SpeechEngine, Voice
 from gpu_worker.errors import BacklogFull, BadRequest, EmptyText, IdleTimeout, SlowConsumer, TextTooLong, WorkerError
 from gpu_worker.orpheus import SAMPLE_RATE
-from gpu_worker.protocol import AudioChunk, Done, Error, Start, UtteranceStats
+from gpu_worker.protocol import MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AudioChunk, Done, Error, Start, UtteranceStats
 from gpu_worker.scheduler import BatchedDecodeRunner, DecodeRunner
 from gpu_worker.speech import SegmentStats, speak_request
 
@@ -51,9 +51,9 @@ class ContextLog(logging.LoggerAdapter):
 class ContextLimits:
     """What one context may hold; every field is a worker setting of the same name."""
 
-    max_text_chars: int = 4096  # buffered before a flush (one segment)
+    max_text_chars: int = MAX_TEXT_CHARS  # buffered before a flush (one segment)
     max_queued_segments: int = 16  # flushed, not yet being spoken
-    max_context_backlog_chars: int = 16384  # buffered + flushed, not yet being spoken
+    max_context_backlog_chars: int = MAX_CONTEXT_BACKLOG_CHARS  # buffered + flushed, not yet being spoken
     idle_timeout_s: float = 30.0  # nothing to speak and no new text for this long ends the context
 
 

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from gpu_worker.adapters.cache import DEFAULT_RECONCILE_S
 from gpu_worker.adapters.store import DEFAULT_CACHE_MAX_BYTES, DEFAULT_REVALIDATE_S
 from gpu_worker.engine import EngineSettings, SamplingOptions
+from gpu_worker.protocol import MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS
 from hashring.settings import RingSettings
 
 _ENGINE = EngineSettings(model="")
@@ -59,10 +60,13 @@ class WorkerSettings(BaseSettings):
     max_relayed_streams: int | None = Field(None, ge=1, description="utterances relayed to their owners at once "
                                                                    "(default: 4 x max_streams)")
     # per-context and per-connection limits on text (checked before anything is buffered)
-    max_text_chars: int = Field(4096, ge=1, description="characters buffered before a flush (one segment)")
+    max_text_chars: int = Field(MAX_TEXT_CHARS, ge=1, description="characters buffered before a flush (one segment)")
     max_queued_segments: int = Field(16, ge=1, description="flushed segments waiting to be spoken, per context")
-    max_context_backlog_chars: int = Field(16384, ge=1, description="characters waiting to be spoken, per context")
-    max_connection_backlog_chars: int = Field(65536, ge=1, description="characters waiting to be spoken, per connection")
+    max_context_backlog_chars: int = Field(MAX_CONTEXT_BACKLOG_CHARS, ge=1, description="characters waiting to be spoken, per context")
+    max_connection_backlog_chars: int | None = Field(
+        None, ge=1, description="characters waiting to be spoken, per connection (default: its stream limit x "
+                                "max_context_backlog_chars, so one context's text never refuses another's on a "
+                                "shared link; a lower value lets one context starve its neighbours)")
     idle_timeout_s: float = Field(30.0, gt=0, description="a context with nothing to speak and no new text for this long ends")
     codec_threads: int | None = None
     # cross-stream codec batching: auto = batched on CUDA, sequential on CPU
@@ -105,6 +109,11 @@ class WorkerSettings(BaseSettings):
 
     def connection_stream_limit(self) -> int:
         return self.max_streams_per_connection or max(1, self.max_streams // 2)
+
+    def connection_backlog_limit(self) -> int:
+        """A gateway multiplexes many tenants' contexts on one connection: its budget is the sum of
+        what those contexts may each hold, so no context is refused for another's text."""
+        return self.max_connection_backlog_chars or self.connection_stream_limit() * self.max_context_backlog_chars
 
     def relay_stream_limit(self) -> int:
         return self.max_relayed_streams or 4 * self.max_streams

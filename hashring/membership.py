@@ -153,7 +153,7 @@ class Heartbeat:
             due = time.monotonic() + interval
             await asyncio.sleep(interval)
             late = time.monotonic() - due
-            if late > interval:  # the event loop was blocked: readers drop a worker silent for the TTL
+            if late > max(interval, ttl / 5):  # the event loop was blocked: readers drop a worker silent for the TTL
                 log.warning("worker %s heartbeat ran %.1f s late (event loop blocked or starved); a worker "
                             "silent for %.1f s leaves the ring", wid, late, ttl, extra={"late_s": round(late, 2)})
             try:

@@ -5,10 +5,11 @@
     owners    = ring.owners(voice, replicas)                  # the workers that hold the voice
     route     = ring.choose(voice, loads, c=balance, replicas=replicas, exclude=full or failed)
 
-The automatic count follows a decayed per-voice request counter in Redis: it rises to
-ceil(rate / hot_rate_per_replica) as soon as the rate crosses a multiple of hot_rate_per_replica,
-and falls only once the rate is under cool_factor times the lower level (hysteresis, so a voice
-near a threshold does not flap between worker sets).
+The automatic count follows the voice's share of the fleet's load (`hashring.sizing`): decayed
+per-voice and fleet request counters in Redis (a short and a slow window), the streams the
+workers report in their heartbeats, and the spills workers report. Only the cool loop decides
+it: it rises on the short window (and by one at once after a spill), and falls on the slow one
+with hysteresis, so a voice near a threshold does not flap between worker sets.
 
 Replica counts out of range: below 1, or above MAX_REPLICAS, is an error (`InvalidReplicas`).
 Above the number of workers in the ring it is accepted and kept, and placement clamps it to the
@@ -16,8 +17,8 @@ workers there are (`Placement.clamped`, and a warning from the CLI): the fleet m
 the operator's intent should survive a worker restart.
 
 The functions here are pure over a `RingView`; `ReplicaControl` is the part that writes Redis.
-Two background helpers drive it from a serving process: `HeatRecorder` counts requests without
-a Redis round trip on the request path (flushed in batches), and `CoolLoop` runs
+Two background helpers drive it from a serving process: `HeatRecorder` counts requests and
+spills without a Redis round trip on the request path (flushed in batches), and `CoolLoop` runs
 `ReplicaControl.cool()` periodically on exactly one process of the fleet at a time (a Redis lease).
 """
 
@@ -28,6 +29,7 @@ import contextlib
 import logging
 import math
 import secrets
+import time
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ from hashring.errors import EmptyRing, InvalidReplicas, RingError
 from hashring.membership import _stop, _Streak
 from hashring.records import RingView, WorkerInfo, check_voice_id
 from hashring.settings import RingSettings
+from hashring.sizing import FleetLoad, next_replicas, replicas_for, warm_rate
 from hashring.store import RingStore, rate_of
 
 __all__ = [
@@ -46,7 +49,6 @@ __all__ = [
     "HeatRecorder",
     "Placement",
     "ReplicaControl",
-    "auto_replicas",
     "check_replicas",
     "place",
     "requested_replicas",
@@ -128,23 +130,15 @@ def route(
     return view.worker(wid)
 
 
-def auto_replicas(rate: float, current: int, settings: RingSettings) -> int:
-    """The automatic replica count for a voice taking `rate` requests/s that has `current` now."""
-    per = settings.hot_rate_per_replica
-    up = min(settings.max_auto_replicas, max(1, math.ceil(rate / per - 1e-9)))
-    if up > current:
-        return up
-    down = min(settings.max_auto_replicas, max(1, math.ceil(rate / (per * settings.cool_factor) - 1e-9)))
-    return down if down < current else current
-
-
 class ReplicaControl:
-    """Writes replica counts: the operator's floor (`scale`) and the automatic count, raised by
-    `record` as requests arrive and lowered by `cool` once a voice goes quiet."""
+    """Writes replica counts: the operator's floor (`scale`) and the automatic count, which only
+    `cool` changes (run by the fleet's one `CoolLoop`); `record` and `spilled` feed it."""
 
     def __init__(self, store: RingStore) -> None:
         self._store = store
         self._settings = store.settings
+        self._raised_at: dict[str, float] = {}  # voice -> when this process last raised it (monotonic)
+        self.last_fleet: FleetLoad | None = None  # the short-window measurement of the latest cool()
 
     @property
     def store(self) -> RingStore:
@@ -158,36 +152,71 @@ class ReplicaControl:
         return await self._store.set_replicas(voice, replicas)
 
     async def record(self, voice: str, count: int = 1) -> int:
-        """Count `count` requests for `voice`; returns its automatic replica count afterwards."""
+        """Count `count` requests for `voice`; returns its automatic replica count (the cool loop
+        changes it, not this call)."""
         check_voice_id(voice)
-        counter, current = await self._store.add_heat(voice, count)
-        return await self._settle(voice, rate_of(counter, self._settings.heat_half_life_s), current)
+        _counter, current = await self._store.add_heat(voice, count)
+        return current or 1
+
+    async def spilled(self, counts: Mapping[str, int]) -> None:
+        """Report requests that landed past their voice's owners; the next `cool` raises those voices."""
+        for voice in counts:
+            check_voice_id(voice)
+        await self._store.add_spills(dict(counts))
 
     async def cool(self) -> dict[str, int]:
-        """Re-evaluate every hot voice against its decayed rate; returns the counts that changed."""
-        current = await self._store.auto_replicas()
-        rates = await self._store.peek_heat(current)
+        """Re-size every voice that is hot, warming up or spilled, by its share of the fleet's load;
+        returns the counts that changed."""
+        s = self._settings
+        snap = await self._store.snapshot()
+        ring = (snap.live - snap.draining) & set(snap.workers)
+        streams = sum(snap.loads.get(w, 0) for w in ring)
+        warm, spills = await self._store.take_signals()
+        current = dict(snap.auto_replicas)
+        voices = sorted(set(current) | warm | set(spills))
+        (f_slow, f_fast), counters = await self._store.peek_counters(voices)
+        short = FleetLoad(len(ring), streams, rate_of(f_fast, s.heat_fast_half_life_s))
+        slow = FleetLoad(len(ring), streams, rate_of(f_slow, s.heat_half_life_s))
+        self.last_fleet = short
+        limit = min(len(ring), s.max_auto_replicas)
+        now = time.monotonic()
+        self._raised_at = {v: t for v, t in self._raised_at.items() if now - t < s.scale_down_hold_s}
         changed: dict[str, int] = {}
-        for voice, now in current.items():
-            new = await self._settle(voice, rate_of(rates[voice], self._settings.heat_half_life_s), now)
-            if new != now:
-                changed[voice] = new
+        for voice in voices:
+            c_slow, c_fast = counters[voice]
+            have = current.get(voice, 1)
+            want = next_replicas(
+                have,
+                fast=replicas_for(rate_of(c_fast, s.heat_fast_half_life_s), short, s),
+                slow_cooled=replicas_for(rate_of(c_slow, s.heat_half_life_s) / s.cool_factor, slow, s),
+                spilled=voice in spills,
+                may_lower=now - self._raised_at.get(voice, -math.inf) >= s.scale_down_hold_s,
+                limit=limit)
+            if want != have and await self._swap(voice, current.get(voice), want, short):
+                changed[voice] = want
+                if want > have:
+                    self._raised_at[voice] = now
+                else:
+                    self._raised_at.pop(voice, None)
+        rate2 = warm_rate(short, s)
+        # a voice is flagged warm a little below the rate that gives it a second replica
+        await self._store.set_warm_at(1e18 if rate2 is None else 0.9 * rate2 * s.heat_fast_half_life_s / math.log(2))
         return changed
 
-    async def _settle(self, voice: str, rate: float, current: int | None) -> int:
-        want = auto_replicas(rate, current or 1, self._settings)
-        if want == (current or 1):
-            return want
+    async def _swap(self, voice: str, current: int | None, want: int, fleet: FleetLoad) -> bool:
         if await self._store.swap_auto_replicas(voice, current, None if want == 1 else want):
-            log.info("voice %r: %.1f req/s, automatic replicas %d -> %d", voice, rate, current or 1, want)
-            return want
-        return current or 1  # another process changed it first; its value stands
+            log.info("voice %r: automatic replicas %d -> %d (fleet: %d workers, %.1f streams each, mean stream %s s)",
+                     voice, current or 1, want, fleet.workers, fleet.mean_streams_per_worker,
+                     "?" if fleet.mean_stream_s is None else f"{fleet.mean_stream_s:.1f}")
+            return True
+        return False  # another process changed it first; its value stands
 
 
 class HeatRecorder:
-    """Counts requests per voice for the autoscaler off the request path.
+    """Counts requests (and spills) per voice for the autoscaler off the request path.
 
-    `record(voice)` is synchronous and never touches Redis: it adds to an in-memory count. One
+    `record(voice)` and `spilled(voice)` are synchronous and never touch Redis: they add to
+    in-memory counts. One
     task (this object's) flushes the counts every `flush_interval_s` with one
     `ReplicaControl.record(voice, n)` per voice; `aclose()` stops it and flushes what is left.
     At most `max_voices` distinct voices wait between flushes; requests for further voices are
@@ -203,12 +232,14 @@ class HeatRecorder:
         self.flush_interval_s = flush_interval_s
         self.max_voices = max_voices
         self._pending: Counter[str] = Counter()
+        self._spills: Counter[str] = Counter()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._streak = _Streak("request-rate flush to Redis (counts of failed flushes are dropped)")
         self.flushed = 0  # requests written to Redis
         self.flushes = 0  # flushes that wrote at least one voice
         self.dropped = 0  # requests not counted: over max_voices, or lost with a failed flush
+        self.spills = 0  # spills reported to Redis
 
     @property
     def pending(self) -> int:
@@ -228,6 +259,13 @@ class HeatRecorder:
             return
         self._pending[voice] += count
 
+    def spilled(self, voice: str, count: int = 1) -> None:
+        """Note that a request for `voice` landed on a worker outside its owners (flushed with the
+        counts; the cool loop raises the voice's replicas on its next tick)."""
+        check_voice_id(voice)
+        if voice in self._spills or len(self._spills) < self.max_voices:
+            self._spills[voice] += count
+
     async def start(self) -> None:
         self._closing = False
         self._task = asyncio.create_task(self._run(), name="ring-heat-flush")
@@ -235,8 +273,12 @@ class HeatRecorder:
     async def flush(self) -> None:
         """Write the pending counts now (one attempt per voice; the rest is dropped on a failure)."""
         batch, self._pending = self._pending, Counter()
+        spills, self._spills = self._spills, Counter()
         written = 0
         try:
+            if spills:
+                await self._control.spilled(spills)
+                self.spills += sum(spills.values())
             for voice, count in batch.items():
                 await self._control.record(voice, count)
                 written += count
@@ -272,7 +314,8 @@ class HeatRecorder:
 
 
 class CoolLoop:
-    """Runs `ReplicaControl.cool()` every `interval_s` on one process of the fleet at a time.
+    """Runs `ReplicaControl.cool()` (the fleet's only replica-count decision) every `interval_s`
+    on one process of the fleet at a time.
 
     Every process that runs a CoolLoop competes for one Redis lease (`COOL_LOCK`, SET NX PX with
     a random token). The holder renews it on each tick (compare-and-expire) and cools; the others

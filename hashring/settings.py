@@ -9,9 +9,11 @@ from typing import Final
 
 from hashring.ring import DEFAULT_BALANCE, DEFAULT_VNODES
 
-__all__ = ["REDIS_URL_ENV", "RetryPolicy", "RingSettings"]
+__all__ = ["HEARTBEAT_ENV", "REDIS_URL_ENV", "REFRESH_ENV", "RetryPolicy", "RingSettings"]
 
 REDIS_URL_ENV: Final = "VOICERING_REDIS_URL"
+HEARTBEAT_ENV: Final = "VOICERING_RING_HEARTBEAT_INTERVAL_S"  # RingSettings.heartbeat_interval_s
+REFRESH_ENV: Final = "VOICERING_RING_REFRESH_INTERVAL_S"  # RingSettings.refresh_interval_s
 _DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 
 
@@ -37,20 +39,27 @@ class RingSettings:
     vnodes: int = DEFAULT_VNODES
     balance: float = DEFAULT_BALANCE  # c in "load <= c × average"
     # membership
-    heartbeat_interval_s: float = 1.0
+    heartbeat_interval_s: float = 0.25  # how often a worker reports its load (routers' loads are this much older)
     heartbeat_ttl_s: float = 5.0  # a worker silent this long is out of the ring
     forget_after_s: float = 3600.0  # a dead worker's record is deleted after this long
-    refresh_interval_s: float = 2.0  # readers re-read the ring at least this often
+    refresh_interval_s: float = 0.5  # readers re-read the ring (and the loads) at least this often
     redis_timeout_s: float = 1.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # placement
     default_replicas: int = 1
-    hot_rate_per_replica: float = 5.0  # requests/s one replica of a voice takes before another is added
-    cool_factor: float = 0.7  # lower the replica count only once the rate is under cool_factor × that
-    max_auto_replicas: int = 8
-    heat_half_life_s: float = 60.0  # the request-rate counter halves every this many seconds
+    # replicas(v) = ceil(rate(v) × mean_stream_s / max(headroom × mean_streams_per_worker, min_replica_streams)),
+    # clamped to [1, min(live workers, max_auto_replicas)]; see hashring/sizing.py
+    replica_headroom: float = 0.375  # α: the share of a mean worker's streams one replica of a voice may carry
+    min_replica_streams: float = 1.0  # a voice gets a second replica only above this many concurrent streams
+    cool_factor: float = 0.7  # lower the replica count only once the count for rate / cool_factor is lower
+    max_auto_replicas: int = 256  # a safety limit; the live workers are the real clamp
+    heat_half_life_s: float = 60.0  # slow window: the request-rate counter halves every this many seconds (scale down)
+    heat_fast_half_life_s: float = 5.0  # short window (scale up)
+    scale_down_hold_s: float = 60.0  # no lowering of a voice the cool loop raised less than this long ago
 
     def __post_init__(self) -> None:
+        if self.heartbeat_interval_s <= 0 or self.refresh_interval_s <= 0:
+            raise ValueError("heartbeat_interval_s and refresh_interval_s must be > 0")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise ValueError("heartbeat_ttl_s must be longer than heartbeat_interval_s")
         if self.balance < 1:
@@ -59,13 +68,25 @@ class RingSettings:
             raise ValueError("cool_factor must be in (0, 1]")
         if self.default_replicas < 1 or self.max_auto_replicas < 1:
             raise ValueError("replica settings must be >= 1")
+        if not (0 < self.replica_headroom <= 1) or self.min_replica_streams <= 0:
+            raise ValueError("replica_headroom must be in (0, 1] and min_replica_streams > 0")
+        if not (0 < self.heat_fast_half_life_s <= self.heat_half_life_s):
+            raise ValueError("heat_fast_half_life_s must be > 0 and at most heat_half_life_s")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> RingSettings:
-        """Settings with the Redis URL taken from VOICERING_REDIS_URL (read here, once)."""
+        """Settings with the Redis URL taken from VOICERING_REDIS_URL and the membership cadence from
+        VOICERING_RING_HEARTBEAT_INTERVAL_S / VOICERING_RING_REFRESH_INTERVAL_S (read here, once);
+        `overrides` win over the environment."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         if env.get(REDIS_URL_ENV):
             values["redis_url"] = env[REDIS_URL_ENV]
+        for name, key in (("heartbeat_interval_s", HEARTBEAT_ENV), ("refresh_interval_s", REFRESH_ENV)):
+            if env.get(key):
+                try:
+                    values[name] = float(env[key])
+                except ValueError:
+                    raise ValueError(f"{key} must be a number of seconds, got {env[key]!r}") from None
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]

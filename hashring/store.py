@@ -18,8 +18,12 @@ Key layout (P = settings.prefix, "voicering:ring" by default):
     P:load         hash    worker id -> streams reported in its last heartbeat
     P:replicas     hash    voice id -> operator replica floor
     P:auto         hash    voice id -> automatic replica count (hot voices only)
-    P:heat:<hex>   string  decayed request counter of one voice, "<value> <server time>", with a TTL;
+    P:heat:<hex>   string  decayed request counters of one voice, "<slow> <server time> <fast>", with a TTL;
                            <hex> is the voice id's UTF-8 bytes in hex, so any voice id is a safe key
+    P:fleet        hash    the fleet's decayed request counters (slow, fast, since) and warm_at, the
+                           fast counter value from which a voice is flagged warm
+    P:warm         set     voices whose fast counter passed warm_at since the cool loop last looked
+    P:spills       hash    voice id -> requests that landed past its owners since the cool loop last looked
     P:lock:<name>  string  a lease (`acquire_lock`): the holder's random token, with a PX expiry;
                            "cool" is the autoscaler's, so one process of the fleet cools at a time
 """
@@ -49,6 +53,7 @@ __all__ = ["RingStore", "Subscription", "rate_of", "redact_url"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MAX_WARM = 10_000  # voices flagged warm between two cool-loop ticks, at most (bounded memory)
 
 _NOW = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) + tonumber(t[2]) / 1000000\n"
 _BUMP = "local e = redis.call('INCR', KEYS[{epoch}])\nredis.call('PUBLISH', ARGV[{channel}], e)\n"
@@ -118,33 +123,63 @@ if (cur or '') == ARGV[2] then return 0 end
 if ARGV[2] == '' then redis.call('HDEL', KEYS[1], ARGV[1]) else redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
 """ + _BUMP.format(epoch=2, channel=4) + "return e"
 
-# KEYS: heat auto   ARGV: voice count half_life_s ttl_ms
-# Adds `count` to an exponentially decayed counter; returns {value, auto replicas or ''}.
-_HEAT = _NOW + """
-local value, since = 0, now
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local sep = string.find(cur, ' ', 1, true)
-  value, since = tonumber(string.sub(cur, 1, sep - 1)), tonumber(string.sub(cur, sep + 1))
+# A decayed counter is "<slow> <since> <fast>": two exponentially decayed request counts (half-lives
+# ARGV slow_h and fast_h) as of Redis time <since>; an older two-field value reads as fast = 0.
+_DECAY = """
+local function decayed(cur, now, slow_h, fast_h)
+  if not cur then return 0, 0 end
+  local a, b, c = string.match(cur, '^(%S+) (%S+) ?(%S*)$')
+  local age = math.max(0, now - tonumber(b))
+  local fast = 0
+  if c and c ~= '' then fast = tonumber(c) * math.pow(0.5, age / fast_h) end
+  return tonumber(a) * math.pow(0.5, age / slow_h), fast
 end
-value = value * math.pow(0.5, math.max(0, now - since) / tonumber(ARGV[3])) + tonumber(ARGV[2])
-redis.call('SET', KEYS[1], string.format('%.6f %.6f', value, now), 'PX', ARGV[4])
-return {string.format('%.6f', value), redis.call('HGET', KEYS[2], ARGV[1]) or ''}"""
+"""
 
-# KEYS: heat keys...   ARGV: half_life_s   Returns each counter decayed to now, as strings.
-_PEEK_HEAT = _NOW + """
+# KEYS: heat auto fleet warm   ARGV: voice count slow_h ttl_ms fast_h max_warm
+# Adds `count` to the voice's counters and to the fleet's (hash fields slow, fast, since); flags
+# the voice in `warm` (for the cool loop) once its fast counter reaches the fleet's `warm_at`.
+# Returns {slow, fast, auto replicas or ''}.
+_HEAT = _NOW + _DECAY + """
+local n, slow_h, fast_h = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+local slow, fast = decayed(redis.call('GET', KEYS[1]), now, slow_h, fast_h)
+slow, fast = slow + n, fast + n
+redis.call('SET', KEYS[1], string.format('%.6f %.6f %.6f', slow, now, fast), 'PX', ARGV[4])
+local f = redis.call('HMGET', KEYS[3], 'slow', 'since', 'fast', 'warm_at')
+local fs, ff = 0, 0
+if f[1] and f[2] then fs, ff = decayed(f[1] .. ' ' .. f[2] .. ' ' .. (f[3] or '0'), now, slow_h, fast_h) end
+redis.call('HSET', KEYS[3], 'slow', string.format('%.6f', fs + n), 'since', string.format('%.6f', now),
+  'fast', string.format('%.6f', ff + n))
+if fast >= tonumber(f[4] or '0') and redis.call('SCARD', KEYS[4]) < tonumber(ARGV[6]) then
+  redis.call('SADD', KEYS[4], ARGV[1])
+end
+return {string.format('%.6f', slow), string.format('%.6f', fast), redis.call('HGET', KEYS[2], ARGV[1]) or ''}"""
+
+# KEYS: fleet heat keys...   ARGV: slow_h fast_h
+# Returns the fleet's counters then each voice's, decayed to now: {slow, fast, slow, fast, ...}.
+_PEEK_HEAT = _NOW + _DECAY + """
 local out = {}
-for i, key in ipairs(KEYS) do
-  local cur = redis.call('GET', key)
-  local value = 0
-  if cur then
-    local sep = string.find(cur, ' ', 1, true)
-    local since = tonumber(string.sub(cur, sep + 1))
-    value = tonumber(string.sub(cur, 1, sep - 1)) * math.pow(0.5, math.max(0, now - since) / tonumber(ARGV[1]))
-  end
-  out[i] = string.format('%.6f', value)
+local f = redis.call('HMGET', KEYS[1], 'slow', 'since', 'fast')
+local s, q = 0, 0
+if f[1] and f[2] then s, q = decayed(f[1] .. ' ' .. f[2] .. ' ' .. (f[3] or '0'), now, tonumber(ARGV[1]), tonumber(ARGV[2])) end
+out[1], out[2] = string.format('%.6f', s), string.format('%.6f', q)
+for i = 2, #KEYS do
+  s, q = decayed(redis.call('GET', KEYS[i]), now, tonumber(ARGV[1]), tonumber(ARGV[2]))
+  out[2 * i - 1], out[2 * i] = string.format('%.6f', s), string.format('%.6f', q)
 end
 return out"""
+
+# KEYS: warm spills   Takes (reads and clears) the cool loop's signals: {warm voices, spills hash}.
+_TAKE_SIGNALS = """
+local warm = redis.call('SMEMBERS', KEYS[1])
+local spills = redis.call('HGETALL', KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2])
+return {warm, spills}"""
+
+# KEYS: spills   ARGV: voice count voice count ...   (bounded by the caller's batch)
+_ADD_SPILLS = """
+for i = 1, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return 1"""
 
 # KEYS: lock   ARGV: token ttl_ms   Extends the lease only while `token` still holds it.
 _RENEW_LOCK = """
@@ -207,6 +242,9 @@ class _Keys:
         self.replicas = f"{prefix}:replicas"
         self.auto = f"{prefix}:auto"
         self._heat = f"{prefix}:heat:"
+        self.fleet = f"{prefix}:fleet"
+        self.warm = f"{prefix}:warm"
+        self.spills = f"{prefix}:spills"
         self._lock = f"{prefix}:lock:"
 
     def heat(self, voice: str) -> str:
@@ -259,6 +297,7 @@ class RingStore:
         self._deregister, self._drain = script(_DEREGISTER), script(_DRAIN)
         self._set_field, self._heat = script(_SET_FIELD), script(_HEAT)
         self._peek_heat, self._snapshot = script(_PEEK_HEAT), script(_SNAPSHOT)
+        self._take_signals, self._add_spills = script(_TAKE_SIGNALS), script(_ADD_SPILLS)
         self._renew_lock, self._release_lock = script(_RENEW_LOCK), script(_RELEASE_LOCK)
 
     @property
@@ -379,22 +418,44 @@ class RingStore:
         return int(await self._write(lambda: self._set_field(keys=[k.auto, k.epoch], args=args))) >= 0
 
     async def add_heat(self, voice: str, count: int = 1) -> tuple[float, int | None]:
-        """Add requests to a voice's decayed counter (one attempt); returns (counter value, current
-        automatic replica count or None)."""
+        """Add requests to a voice's decayed counters and the fleet's (one attempt); returns (slow
+        counter value, current automatic replica count or None)."""
         s, k = self._settings, self.keys
         ttl_ms = max(1000, int(s.heat_half_life_s * 20 * 1000))  # gone once decayed below 2**-20
-        value, auto = await self._call(self._heat(
-            keys=[k.heat(voice), k.auto], args=[voice, count, s.heat_half_life_s, ttl_ms]))
-        return float(value), (int(auto) if auto else None)
+        slow, _fast, auto = await self._call(self._heat(
+            keys=[k.heat(voice), k.auto, k.fleet, k.warm],
+            args=[voice, count, s.heat_half_life_s, ttl_ms, s.heat_fast_half_life_s, MAX_WARM]))
+        return float(slow), (int(auto) if auto else None)
 
     async def peek_heat(self, voices: Iterable[str]) -> dict[str, float]:
-        """Decayed counter values now, for the given voices."""
+        """Slow decayed counter values now, for the given voices."""
+        _fleet, counters = await self.peek_counters(voices)
+        return {v: slow for v, (slow, _fast) in counters.items()}
+
+    async def peek_counters(self, voices: Iterable[str]) -> tuple[tuple[float, float], dict[str, tuple[float, float]]]:
+        """(slow, fast) decayed counters now: the fleet's, and each voice's (one attempt)."""
         voices = list(voices)
-        if not voices:
-            return {}
+        s = self._settings
         values = await self._call(self._peek_heat(
-            keys=[self.keys.heat(v) for v in voices], args=[self._settings.heat_half_life_s]))
-        return {v: float(x) for v, x in zip(voices, values)}
+            keys=[self.keys.fleet, *(self.keys.heat(v) for v in voices)],
+            args=[s.heat_half_life_s, s.heat_fast_half_life_s]))
+        pairs = [(float(values[i]), float(values[i + 1])) for i in range(0, len(values), 2)]
+        return pairs[0], dict(zip(voices, pairs[1:]))
+
+    async def add_spills(self, counts: dict[str, int]) -> None:
+        """Tell the cool loop that requests for these voices landed past their owners (one attempt)."""
+        if counts:
+            args = [x for voice, n in counts.items() for x in (voice, int(n))]
+            await self._call(self._add_spills(keys=[self.keys.spills], args=args))
+
+    async def take_signals(self) -> tuple[set[str], dict[str, int]]:
+        """Read and clear the voices flagged warm and the spill counts since the last call."""
+        warm, spills = await self._call(self._take_signals(keys=[self.keys.warm, self.keys.spills]))
+        return {v.decode() for v in warm}, {v.decode(): int(n) for v, n in _pairs(spills)}
+
+    async def set_warm_at(self, counter: float) -> None:
+        """The fast counter value from which a voice is flagged warm for the cool loop."""
+        await self._call(self._client.hset(self.keys.fleet, "warm_at", f"{counter:.6f}"))
 
     # -- leases -----------------------------------------------------------------------------------
 

@@ -4,7 +4,13 @@ For each delivery: skip it if the job is finished or cancelled; take the job's l
 the entry to whoever holds it); run `pipeline.run_job` while a heartbeat thread renews the lock,
 keeps the stream entry fresh and watches for a cancel request; then record the outcome:
 
-- ready / cancelled / failed (not retryable, or out of attempts): state written, entry acked;
+- ready / cancelled / failed (not retryable, or out of attempts): state written and entry acked
+  in one fenced step (`Lease.finish`). If that step fails (Redis unreachable), neither happened:
+  the entry stays pending, is re-claimed after `claim_idle_ms`, and the job is finished then
+  without running again (a voice this job already published is `ready` at once; a cancel
+  requested meanwhile is `cancelled` at once);
+- a non-retryable failure of a job whose cancel was requested (its uploads deleted with its
+  voice, say) is recorded as `cancelled`;
 - retryable failure with attempts left: state back to queued, entry left pending, so any
   trainer re-claims it after `claim_idle_ms`;
 - lease lost: nothing written (another trainer may own the job now);
@@ -30,7 +36,7 @@ import uuid
 
 from lora_training.errors import InfrastructureError, JobStopped, LeaseLost, TrainerStopping, TrainingError
 from lora_training.jobs import Delivery, JobQueue, Lease
-from lora_training.pipeline import JobSpec, JobState, phase_percent, run_job
+from lora_training.pipeline import TERMINAL, JobSpec, JobState, phase_percent, published_by, run_job
 from lora_training.publish import Sampler
 from lora_training.settings import TrainSettings
 from lora_training.stop import Stop
@@ -42,11 +48,12 @@ BACKOFF_FIRST_S = 0.5  # first wait after a Redis failure; doubles up to TrainSe
 
 
 class RedisReporter:
-    """Fenced writes of a job's state and progress (progress throttled); silent once stopped.
+    """Fenced writes of a job's running state and progress (progress throttled); silent once stopped.
 
     A failed write is logged and dropped: the next one carries the news, and whether this trainer
     still owns the job is the heartbeat's call, by the lease. A refused write (the lock holds
-    another token) stops the job with LeaseLost.
+    another token) stops the job with LeaseLost. Terminal states are not written here: the
+    trainer records the outcome together with the ack (`TrainWorker._finish`).
     """
 
     def __init__(self, lease: Lease, stop: Stop) -> None:
@@ -54,11 +61,11 @@ class RedisReporter:
         self._last = 0.0
 
     def state(self, state: JobState, message: str = "") -> None:
+        if state in TERMINAL:
+            return
         fields: dict[str, object] = {"state": state, "message": message}
         if state in ("preprocessing", "training", "validating", "publishing"):
             fields["progress"] = phase_percent(state, 0.0)
-        if state == "ready":
-            fields["progress"] = 100.0
         self._write(fields)
 
     def progress(self, percent: float, message: str = "", **fields: object) -> None:
@@ -185,16 +192,17 @@ class TrainWorker:
             if status is None or status.terminal:
                 queue.ack(delivery)
                 return False
+            if published_by(self.settings.adapter_store, spec.voice_id, job_id) is not None:
+                # an earlier attempt published the voice but its outcome was not recorded
+                return self._finish(delivery, lease, state="ready", progress=100.0,
+                                    message=f"voice '{spec.voice_id}' is ready")
             if status.cancel_requested:
-                lease.update(state="cancelled", message="cancelled before it started")
-                queue.ack(delivery)
-                return True
+                return self._finish(delivery, lease, state="cancelled", message="cancelled before it started")
             attempts = status.attempts + 1
             if attempts > self.settings.max_attempts:
-                lease.update(state="failed", error_code="attempts",
-                             error=f"gave up after {self.settings.max_attempts} attempts; last: {status.error or status.message}")
-                queue.ack(delivery)
-                return True
+                return self._finish(delivery, lease, state="failed", error_code="attempts",
+                                    error=f"gave up after {self.settings.max_attempts} attempts; last: "
+                                          f"{status.error or status.message}")
             lease.update(attempts=attempts, consumer=self.consumer,
                          message="re-claimed from a stopped trainer" if delivery.reclaimed else "started")
             return self._run(delivery, spec, lease, attempts)
@@ -207,8 +215,21 @@ class TrainWorker:
             except TrainingError as err:  # the lock expires by itself
                 log.warning("cannot release job %s: %s", job_id, err.message)
 
+    def _finish(self, delivery: Delivery, lease: Lease, **outcome: object) -> bool:
+        """Record a terminal outcome and ack the entry in one step; True once both happened.
+
+        When Redis fails here neither happened: the entry stays pending and is re-claimed (by
+        any trainer, this one included) after claim_idle_ms, and `process` finishes the job then.
+        LeaseLost (the lock passed to another trainer) propagates: that trainer finishes it."""
+        try:
+            lease.finish(delivery, **outcome)
+        except InfrastructureError as err:
+            log.warning("job %s: outcome %s not recorded (%s); its entry stays pending and the job is "
+                        "finished when it is re-claimed", delivery.job_id, outcome.get("state"), err.message)
+            return False
+        return True
+
     def _run(self, delivery: Delivery, spec: JobSpec, lease: Lease, attempts: int) -> bool:
-        queue, job_id = self.queue, delivery.job_id
         stop = Stop()
         self._running = stop
         if self._stop_event.is_set():  # shutdown came between the claim and here
@@ -217,6 +238,13 @@ class TrainWorker:
             return self._outcome(delivery, spec, lease, attempts, stop)
         finally:
             self._running = None
+
+    def _cancel_requested(self, job_id: str) -> bool:
+        try:
+            status = self.queue.status(job_id)
+        except TrainingError:
+            return False
+        return status is not None and status.cancel_requested
 
     def _outcome(self, delivery: Delivery, spec: JobSpec, lease: Lease, attempts: int, stop: Stop) -> bool:
         queue, job_id = self.queue, delivery.job_id
@@ -233,17 +261,18 @@ class TrainWorker:
             log.info("job %s handed back to the queue: %s", job_id, err.message)
             return False
         except JobStopped as err:
-            lease.update(state="cancelled", message=err.message)
-            queue.ack(delivery)
-            return True
+            return self._finish(delivery, lease, state="cancelled", message=err.message)
         except TrainingError as err:
+            if not err.retryable and self._cancel_requested(job_id):  # e.g. its uploads went with its voice
+                log.info("job %s was cancelled while it failed: %s", job_id, err.message)
+                return self._finish(delivery, lease, state="cancelled", message="cancelled while it ran",
+                                    error=err.message, error_code=err.code)
             if err.retryable and attempts < self.settings.max_attempts:
                 lease.update(state="queued", error=err.message, error_code=err.code,
                              message=f"attempt {attempts} failed ({err.message}); will retry")
                 return False
-            lease.update(state="failed", error=err.message, error_code=err.code, message=err.message)
-            queue.ack(delivery)
-            return True
+            return self._finish(delivery, lease, state="failed", error=err.message, error_code=err.code,
+                                message=err.message)
         except Exception as err:  # a bug or a library failure: record it, retry like an infrastructure error
             log.exception("job %s failed unexpectedly", job_id)
             message = f"internal error: {type(err).__name__}: {err}"
@@ -251,8 +280,7 @@ class TrainWorker:
                 lease.update(state="queued", error=message, error_code="internal",
                              message=f"attempt {attempts} failed; will retry")
                 return False
-            lease.update(state="failed", error=message, error_code="internal", message=message)
-            queue.ack(delivery)
-            return True
-        queue.ack(delivery)
-        return True
+            return self._finish(delivery, lease, state="failed", error=message, error_code="internal",
+                                message=message)
+        return self._finish(delivery, lease, state="ready", progress=100.0,
+                            message=f"voice '{spec.voice_id}' is ready")

@@ -100,8 +100,11 @@ class FrameCache:
 
 
 def encode(codec, clips: Sequence[Clip], cache: FrameCache, *, batch_s: float,
-           progress: Progress | None = None) -> dict[str, list[Frame]]:
-    """SNAC frames of every clip (clip_id -> frames), encoding only what the cache lacks."""
+           progress: Progress | None = None, check: Callable[[], None] | None = None) -> dict[str, list[Frame]]:
+    """SNAC frames of every clip (clip_id -> frames), encoding only what the cache lacks.
+
+    `check` is called before each batch (the job's stop: what it raises ends the work there; the
+    batches encoded so far stay in the cache)."""
     out: dict[str, list[Frame]] = {}
     todo = []
     for clip in clips:
@@ -112,6 +115,8 @@ def encode(codec, clips: Sequence[Clip], cache: FrameCache, *, batch_s: float,
             out[clip.clip_id] = found
     done_s, total_s = 0.0, sum(c.duration_s for c in todo)
     for batch in batches(todo, batch_s):
+        if check is not None:
+            check()
         for clip, frames in zip(batch, codec.encode_batch([c.audio for c in batch]), strict=True):
             cache.put(clip, frames)
             out[clip.clip_id] = frames

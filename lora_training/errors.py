@@ -5,6 +5,7 @@
     ├── InputError (not retryable)     the creator's input is unusable; the message says what to fix
     │   ├── AudioError                 a file cannot be decoded, or its audio is unusable
     │   ├── SpeechAmountError          too little or too much speech in total
+    │   │   └── AudioTooLong           more audio than a voice may use (decoding stops at the cap)
     │   ├── TranscriptError            transcripts missing, unreadable or not matching the files
     │   ├── VoiceExistsError           the tenant already has a voice with that name
     │   └── JobExistsError             a job with that id is still owed or already ended
@@ -41,6 +42,17 @@ class AudioError(InputError):
 
 class SpeechAmountError(InputError):
     code = "speech_amount"
+
+
+class AudioTooLong(SpeechAmountError):
+    """More audio than a voice may use, seen in a file's header or while decoding it (decoding stops
+    there); `audio_s` is how much was seen when it stopped."""
+
+    code = "audio_too_long"
+
+    def __init__(self, message: str, audio_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.audio_s = audio_s
 
 
 class TranscriptError(InputError):

@@ -21,7 +21,10 @@ records the token in the job hash in one script, right before the voice is renam
 Each trainer also keeps its own monotonic clock on the lease (`Lease.expired`), so a trainer cut
 off from Redis knows when its lock may have passed to another trainer.
 
-Submitting (hash + index + stream entry) and cancelling (state check + write) are one script each.
+Submitting (hash + index + stream entry) and cancelling (state check + write) are one script each,
+and so is finishing: the outcome (ready, cancelled, failed) is written and the entry acked together
+(`finish`), so an entry is never acked without its outcome; a job left without one anyway (an
+older trainer, a trimmed stream) is an orphan that `reconcile` ends, once nobody holds or owes it.
 XAUTOCLAIM scans at most 10 pending entries per call, so `next` follows its cursor across calls.
 """
 
@@ -62,33 +65,41 @@ redis.call('pexpire', KEYS[1], ARGV[2])
 redis.call('hset', KEYS[2], 'publish_token', ARGV[1], 'publish_at', ARGV[3], 'updated_at', ARGV[3])
 return 1
 """
-# KEYS: job hash, stream, index. ARGV: job id, spec, voice id, now, group, terminal states...
-# An existing job blocks a resubmission only if it ended or its stream entry is still owed
-# (pending, or not yet delivered); otherwise it is an orphan and is replaced.
-_SUBMIT = """
+# owed(job hash, stream, group): whether the job's stream entry still has to reach a trainer or
+# be acked by one (not yet delivered to the group, or pending). A job that is not terminal, whose
+# lock nobody holds and whose entry is not owed will never be run by anyone: an orphan.
+_OWED = """
 local function later(a, b)
   local am, as = string.match(a, '(%d+)-(%d+)')
   local bm, bs = string.match(b, '(%d+)-(%d+)')
   am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
   return am > bm or (am == bm and as > bs)
 end
-local function undelivered(entry)
-  for _, group in ipairs(redis.call('xinfo', 'groups', KEYS[2])) do
+local function undelivered(stream, group, entry)
+  if redis.call('exists', stream) == 0 then return false end
+  for _, g in ipairs(redis.call('xinfo', 'groups', stream)) do
     local info = {}
-    for i = 1, #group, 2 do info[group[i]] = group[i + 1] end
-    if info['name'] == ARGV[5] then return later(entry, info['last-delivered-id']) end
+    for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+    if info['name'] == group then return later(entry, info['last-delivered-id']) end
   end
   return true
 end
+local function owed(job, stream, group)
+  local entry = redis.call('hget', job, 'entry_id')
+  if not entry or redis.call('exists', stream) == 0 or #redis.call('xrange', stream, entry, entry) == 0 then
+    return false
+  end
+  return undelivered(stream, group, entry) or #redis.call('xpending', stream, group, entry, entry, 1) > 0
+end
+"""
+# KEYS: job hash, stream, index. ARGV: job id, spec, voice id, now, group, terminal states...
+# An existing job blocks a resubmission only if it ended or its stream entry is still owed
+# (pending, or not yet delivered); otherwise it is an orphan and is replaced.
+_SUBMIT = _OWED + """
 local state = redis.call('hget', KEYS[1], 'state')
 if state then
   for i = 6, #ARGV do if state == ARGV[i] then return {'ended', state} end end
-  local entry = redis.call('hget', KEYS[1], 'entry_id')
-  if entry and #redis.call('xrange', KEYS[2], entry, entry) > 0 then
-    if undelivered(entry) or #redis.call('xpending', KEYS[2], ARGV[5], entry, entry, 1) > 0 then
-      return {'owed', state}
-    end
-  end
+  if owed(KEYS[1], KEYS[2], ARGV[5]) then return {'owed', state} end
 end
 redis.call('del', KEYS[1])
 local entry = redis.call('xadd', KEYS[2], '*', 'job_id', ARGV[1])
@@ -109,6 +120,27 @@ if (state == 'queued' or state == '') and redis.call('exists', KEYS[2]) == 0 the
   redis.call('hset', KEYS[1], 'state', 'cancelled', 'message', 'cancelled before it started')
 end
 return 1
+"""
+# KEYS: job hash, lock, stream. ARGV: token, group, entry id, field, value, ... A job's outcome and
+# the ack of its stream entry in one step, only while the lock holds the token: an outcome that was
+# not written is never acked, so the entry is re-claimed and the job finished by the next trainer.
+_FINISH = """
+if redis.call('get', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('hset', KEYS[1], unpack(ARGV, 4))
+redis.call('xack', KEYS[3], ARGV[2], ARGV[3])
+return 1
+"""
+# KEYS: job hash, lock, stream. ARGV: group, now, state, message, error code, error, terminal states...
+# Ends an orphaned job (not terminal, unlocked, its entry not owed: nobody will ever run it) with
+# the given outcome; any other job is left as it is. Returns the job's state after, or false.
+_RECONCILE = _OWED + """
+local state = redis.call('hget', KEYS[1], 'state')
+if not state then return false end
+for i = 7, #ARGV do if state == ARGV[i] then return state end end
+if redis.call('exists', KEYS[2]) == 1 or owed(KEYS[1], KEYS[3], ARGV[1]) then return state end
+redis.call('hset', KEYS[1], 'state', ARGV[3], 'message', ARGV[4], 'error_code', ARGV[5], 'error', ARGV[6],
+           'updated_at', ARGV[2])
+return ARGV[3]
 """
 
 
@@ -177,6 +209,8 @@ class JobQueue:
         self._fence_publish = client.register_script(_FENCE_PUBLISH)
         self._submit = client.register_script(_SUBMIT)
         self._cancel = client.register_script(_CANCEL)
+        self._finish = client.register_script(_FINISH)
+        self._reconcile = client.register_script(_RECONCILE)
         self._group_ready = False
         self._claim_cursor = "0-0"  # where the next XAUTOCLAIM scan of the pending list starts
 
@@ -245,6 +279,19 @@ class JobQueue:
             self._cancel(keys=[self.job_key(job_id), self.lock_key(job_id)], args=[time.time(), *sorted(TERMINAL)])
         return self.status(job_id)
 
+    def reconcile(self, job_id: str, state: str, *, message: str, error_code: str = "",
+                  error: str = "") -> JobStatus | None:
+        """End the job with `state` if it is an orphan: not terminal, its lock free, its stream entry
+        neither undelivered nor pending, so no trainer will ever run or finish it (a trainer that
+        acked without its outcome, an entry trimmed away). Any other job is left untouched."""
+        if state not in TERMINAL:
+            raise ValueError(f"reconcile needs a terminal state, not {state!r}")
+        with _mapped("reconciling a job"):
+            self._ensure_group()
+            self._reconcile(keys=[self.job_key(job_id), self.lock_key(job_id), self.stream],
+                            args=[GROUP, time.time(), state, message, error_code, error, *sorted(TERMINAL)])
+        return self.status(job_id)
+
     # -- consumers ------------------------------------------------------------------------------
 
     def _ensure_group(self) -> None:
@@ -302,6 +349,20 @@ class JobQueue:
     def ack(self, delivery: Delivery) -> None:
         with _mapped("acknowledging a job"):
             self.redis.xack(self.stream, GROUP, delivery.entry_id)
+
+    def finish(self, delivery: Delivery, token: str, **fields: object) -> None:
+        """Write the job's outcome and ack its entry in one step, only while the lock holds `token`
+        (else LeaseLost, nothing written or acked). A Redis failure (InfrastructureError) leaves
+        both undone: the entry stays pending and is re-claimed."""
+        values = {k: ("" if v is None else v) for k, v in fields.items()}
+        values["updated_at"] = time.time()
+        pairs = [x for kv in values.items() for x in kv]
+        with _mapped("recording a job's outcome"):
+            done = self._finish(keys=[self.job_key(delivery.job_id), self.lock_key(delivery.job_id), self.stream],
+                                args=[token, GROUP, delivery.entry_id, *pairs])
+        if not done:
+            raise LeaseLost(f"job {delivery.job_id}: lease lost before its outcome was recorded; "
+                            "another trainer may own it now")
 
     def pending(self) -> int:
         with _mapped("reading the job stream"):
@@ -362,6 +423,10 @@ class Lease:
     def update(self, **fields: object) -> None:
         """A fenced write to the job's hash (LeaseLost once another trainer holds the lock)."""
         self.queue.update(self.job_id, token=self.token, **fields)
+
+    def finish(self, delivery: Delivery, **fields: object) -> None:
+        """The job's outcome written and its entry acked in one fenced step (`JobQueue.finish`)."""
+        self.queue.finish(delivery, self.token, **fields)
 
     def fence_publish(self) -> None:
         """Raise LeaseLost unless this trainer still holds the job; called right before publishing."""

@@ -72,7 +72,7 @@ def phase_percent(state: str, fraction: float) -> float:
     return round(lo + (hi - lo) * min(max(fraction, 0.0), 1.0), 2)
 
 
-def _published_by(store: Path, vid: str, job_id: str) -> dict | None:
+def published_by(store: Path, vid: str, job_id: str) -> dict | None:
     """Metadata of the voice if this very job already published it (a retry after the rename)."""
     try:
         meta = json.loads((store / vid / pub.METADATA_FILE).read_text())
@@ -102,11 +102,14 @@ def run_job(
     """Run (or resume) a job; returns the published voice's metadata. Raises TrainingError.
 
     `fence` is called right before the voice is published (the queue's lease check: LeaseLost).
+    `stop` is checked between files, clips and encode batches, between training steps and
+    between the steps after them, so a cancelled job ends within one such step. The final
+    `ready` is reported here for the console; a queue trainer records it with the ack instead.
     """
     stop = stop or Stop()
     vid = spec.voice_id
     store = settings.adapter_store
-    done = _published_by(store, vid, spec.job_id)
+    done = published_by(store, vid, spec.job_id)
     if done is not None:
         reporter.state("ready", f"voice '{vid}' is published")
         return done
@@ -117,13 +120,14 @@ def run_job(
     cache_dir = settings.work_dir / "cache"
     job_dir = settings.work_dir / "jobs" / spec.job_id
 
-    # preprocessing: clips, then SNAC frames
+    # preprocessing: clips, then SNAC frames; a stop (cancel, lease lost) is seen between files and batches
     reporter.state("preprocessing", "reading and cutting the audio")
     asr_factory = (lambda: make_asr(settings)) if settings.asr_model is not None else None
     clip_set = preprocess(
         list(spec.audio), spec.transcripts, spec.data, asr=asr_factory, asr_name=settings.asr_backend,
         cache_dir=cache_dir,
         progress=lambda f, m: reporter.progress(phase_percent("preprocessing", 0.3 * f), m),
+        check=stop.check,
     )
     stop.check()
     from transformers import AutoTokenizer
@@ -132,7 +136,8 @@ def run_job(
 
     codec = SnacCodec.load(settings.codec, device=device)
     frames = encode(codec, clip_set.clips, FrameCache(cache_dir, settings.codec), batch_s=settings.encode_batch_s,
-                    progress=lambda f, m: reporter.progress(phase_percent("preprocessing", 0.3 + 0.7 * f), m))
+                    progress=lambda f, m: reporter.progress(phase_percent("preprocessing", 0.3 + 0.7 * f), m),
+                    check=stop.check)
     del codec
     stop.check()
     tokenizer = AutoTokenizer.from_pretrained(settings.base_model)
@@ -199,7 +204,7 @@ def _sample(staged_voice: str, settings: TrainSettings, sampler: pub.Sampler | N
     with ExitStack() as stack:
         if sampler is None:
             if settings.validate_worker_url:
-                sampler = pub.WorkerSampler(settings.validate_worker_url)
+                sampler = pub.WorkerSampler(settings.validate_worker_url, token=settings.cluster_token)
             elif settings.validate_local_worker:
                 local = stack.enter_context(pub.LocalWorker(
                     settings.base_model, settings.codec, settings.adapter_store, max_lora_rank=settings.max_lora_rank,
@@ -212,4 +217,4 @@ def _sample(staged_voice: str, settings: TrainSettings, sampler: pub.Sampler | N
         return sampler.sample(staged_voice, settings.sample_text, max_tokens=settings.sample_max_tokens)
 
 
-__all__ = ["PHASES", "TERMINAL", "JobSpec", "JobState", "Reporter", "phase_percent", "run_job"]
+__all__ = ["PHASES", "TERMINAL", "JobSpec", "JobState", "Reporter", "phase_percent", "published_by", "run_job"]

@@ -25,6 +25,7 @@ from lora_training.text import normalize, sentences
 
 Progress = Callable[[float, str], None]  # fraction done in [0, 1], what is happening
 AsrFactory = Callable[[], AsrBackend]  # loads the backend the first time a file needs it
+Check = Callable[[], None]  # raises to stop the work (the job's Stop.check: cancelled, lease lost)
 
 
 def cache_key(audio_paths: list[Path], transcripts: Path | None, data: DataParams, asr_name: str | None) -> str:
@@ -47,10 +48,12 @@ def preprocess(
     asr_name: str | None = None,
     cache_dir: Path | None = None,
     progress: Progress | None = None,
+    check: Check | None = None,
 ) -> ClipSet:
     """Clips for a job, from the cache when the same inputs were already prepared.
 
-    `asr` is None when no ASR is configured: then every file needs a given transcript.
+    `asr` is None when no ASR is configured: then every file needs a given transcript. `check` is
+    called before each file and each transcribed piece: what it raises ends the work there.
     """
     if not audio_paths:
         raise AudioError("no audio files were given: upload about 10 minutes of speech")
@@ -63,14 +66,14 @@ def preprocess(
         cached = ClipSet.load(cached_at)
         if cached is not None:
             return cached
-    clip_set = _build(audio_paths, transcripts, data, asr, progress or (lambda *_: None))
+    clip_set = _build(audio_paths, transcripts, data, asr, progress or (lambda *_: None), check or (lambda: None))
     if cached_at is not None:
         clip_set.save(cached_at)
     return clip_set
 
 
 def _build(audio_paths: list[Path], transcripts: Path | None, data: DataParams, asr_factory: AsrFactory | None,
-           progress: Progress) -> ClipSet:
+           progress: Progress, check: Check) -> ClipSet:
     started = time.perf_counter()
     matched = transcript_io.load(transcripts, audio_paths, allow_missing=asr_factory is not None)
     asr: AsrBackend | None = None
@@ -87,6 +90,7 @@ def _build(audio_paths: list[Path], transcripts: Path | None, data: DataParams, 
     audio_s = 0.0
     dropped: list[dict] = []
     for i, path in enumerate(audio_paths):
+        check()
         progress(i / len(audio_paths), f"reading {path.name}")
         recording = ingest(path, data)
         audio_s += recording.duration_s
@@ -101,7 +105,10 @@ def _build(audio_paths: list[Path], transcripts: Path | None, data: DataParams, 
             pieces = align(sentences(normalize(text)), regions, recording.audio.size, data, name=path.name)
         else:
             asr = asr or asr_factory()
-            pieces = [_transcribed(piece, recording.audio, asr) for piece in pack(regions, recording.audio.size, data)]
+            pieces = []
+            for piece in pack(regions, recording.audio.size, data):
+                check()
+                pieces.append(_transcribed(piece, recording.audio, asr))
         made, left_out = cut(recording.audio, path.name, pieces, data, vad=vad)
         clips.extend(made)
         dropped.extend(left_out)

@@ -83,9 +83,10 @@ class Sampler(Protocol):
 class WorkerSampler:
     """Generates through a running worker (websocket protocol, same path as production traffic)."""
 
-    def __init__(self, url: str, *, timeout_s: float = 300.0) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 300.0, token: str | None = None) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        self._token = token  # the fleet's cluster token, when its workers require one
 
     def sample(self, voice: str, text: str, *, max_tokens: int) -> Sample:
         try:
@@ -98,7 +99,7 @@ class WorkerSampler:
         from gpu_worker.protocol import UtteranceOptions
 
         started = time.perf_counter()
-        client = await WorkerClient.connect(self.url)
+        client = await WorkerClient.connect(self.url, token=self._token)
         try:
             speech = await client.say(voice, text, options=UtteranceOptions(max_tokens=max_tokens, seed=0, trim_silence=False))
         except WorkerRequestError as err:

@@ -55,7 +55,12 @@ class Piece:
 
 def activity(audio: np.ndarray) -> np.ndarray:
     """Per 10 ms frame: is there speech? [n] -> [ceil(n / 240)] bool."""
-    levels = frame_levels_db(np.asarray(audio, dtype=np.float64), FRAME)  # [F]
+    return active_frames(frame_levels_db(np.asarray(audio, dtype=np.float64), FRAME))
+
+
+def active_frames(levels: np.ndarray) -> np.ndarray:
+    """Per frame, from its level in dBFS (`FRAME` samples, as a stream's `LevelMeter` gives them): is
+    there speech? [F] -> [F] bool."""
     floor = float(np.percentile(levels, 10)) if levels.size else -120.0
     threshold = max(EnergyParams().off_db, floor + FLOOR_MARGIN_DB)
     return levels >= min(threshold, EnergyParams().on_db)
@@ -63,7 +68,11 @@ def activity(audio: np.ndarray) -> np.ndarray:
 
 def speech_regions(audio: np.ndarray, data: DataParams) -> list[tuple[int, int]]:
     """Runs of speech [start, end) in samples, gaps shorter than min_pause_ms closed."""
-    active = activity(audio)
+    return regions_of(activity(audio), audio.size, data)
+
+
+def regions_of(active: np.ndarray, total: int, data: DataParams) -> list[tuple[int, int]]:
+    """`speech_regions` from per-frame activity over `total` samples (a decoded stream's levels)."""
     edges = np.flatnonzero(np.diff(np.concatenate([[0], active.astype(np.int8), [0]])))
     runs = edges.reshape(-1, 2)  # [R, 2] frame indices
     min_gap = round(data.min_pause_ms / 10.0)
@@ -74,7 +83,7 @@ def speech_regions(audio: np.ndarray, data: DataParams) -> list[tuple[int, int]]
         else:
             merged.append([start, end])
     min_len = round(MIN_REGION_MS / 10.0)
-    return [(s * FRAME, min(e * FRAME, audio.size)) for s, e in merged if e - s >= min_len]
+    return [(s * FRAME, min(e * FRAME, total)) for s, e in merged if e - s >= min_len]
 
 
 def _cuts(regions: list[tuple[int, int]], total: int) -> list[int]:

@@ -92,6 +92,8 @@ class TrainSettings(BaseSettings):
     asr_language: str | None = "en"
     # validation: a sample is generated through a real worker before the voice is published
     validate_worker_url: str | None = Field(None, description="ws:// URL of a worker serving adapter_store")
+    cluster_token: str | None = Field(None, description="the workers' cluster token, sent to validate_worker_url "
+                                      "as 'Authorization: Bearer' (env VOICERING_TRAIN_CLUSTER_TOKEN)")
     validate_local_worker: bool = True  # no URL: start a `voicering worker` on adapter_store for the sample
     validate_sample: bool = True  # False: adapter checks only (no sample, metadata says so)
     sample_text: str = "Hello! This is my new voice, and I am happy to meet you."

@@ -11,16 +11,27 @@ Accepted sources:
 Names match on the file name (``clip01.wav``) or on the stem (``clip01``). A transcript that
 names no uploaded file, or an upload without transcript, is an error listing both (uploads
 without a transcript are left to ASR when an ASR backend is configured).
+
+Every transcripts file is bounded before it is parsed: at most `MAX_TRANSCRIPTS_BYTES` bytes
+(a manifest for 30 minutes of speech is ~30 kB) and, for JSON, arrays and objects nested at most
+`MAX_JSON_DEPTH` deep; past either it is a TranscriptError (HTTP 400 at the gateway), never a
+parser's recursion or memory failure.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from lora_training.errors import TranscriptError
+
+MAX_TRANSCRIPTS_BYTES: Final = 1024 * 1024  # one manifest or sidecar .txt
+MAX_JSON_DEPTH: Final = 16  # {file: text} is 1 deep, [{audio, text}] 2; room for extra fields, far from recursion
+_JSON_TOKEN = re.compile(r'\\.|["\[\]{}]', re.DOTALL)  # an escape, a quote or a bracket: one left-to-right scan
 
 AUDIO_COLUMNS = ("audio", "file", "path", "file_name", "filename", "name")
 HOW_TO = (
@@ -40,10 +51,7 @@ class Matched:
 
 def read_manifest(path: Path, audio_names: list[str]) -> dict[str, str]:
     """Raw entries of a transcripts file: the name it gives -> text."""
-    try:
-        raw = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as err:
-        raise TranscriptError(f"cannot read transcripts file {path.name}: {err}") from None
+    raw = _read_bounded(path, "transcripts file")
     suffix = path.suffix.lower()
     if suffix == ".json":
         return _from_json(raw, path.name)
@@ -62,7 +70,46 @@ def read_manifest(path: Path, audio_names: list[str]) -> dict[str, str]:
     raise TranscriptError(f"transcripts file {path.name}: use .json, .csv, .tsv or .txt")
 
 
+def _read_bounded(path: Path, what: str) -> str:
+    """The file's text, read only up to the size limit (TranscriptError past it or when unreadable)."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_TRANSCRIPTS_BYTES + 1)
+    except OSError as err:
+        raise TranscriptError(f"cannot read {what} {path.name} ({err.strerror or 'unreadable'})") from None
+    if len(data) > MAX_TRANSCRIPTS_BYTES:
+        raise TranscriptError(f"{what} {path.name} is larger than {MAX_TRANSCRIPTS_BYTES} bytes, the most a "
+                              "transcripts file may hold: give only the file names and their texts")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise TranscriptError(f"{what} {path.name} is not UTF-8 text: save it as UTF-8") from None
+
+
+def nests_deeper(raw: str, limit: int) -> bool:
+    """Whether arrays and objects in JSON text nest more than `limit` deep, without parsing it
+    (brackets inside strings do not count). One linear scan, stopping at the first level too deep."""
+    depth = 0
+    in_string = False
+    for token in _JSON_TOKEN.finditer(raw):
+        t = token.group()
+        if t == '"':
+            in_string = not in_string
+        elif in_string or t[0] == "\\":
+            continue
+        elif t in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
 def _from_json(raw: str, source: str) -> dict[str, str]:
+    if nests_deeper(raw, MAX_JSON_DEPTH):
+        raise TranscriptError(f"{source} nests arrays or objects more than {MAX_JSON_DEPTH} levels deep: a "
+                              'manifest is {"file.wav": "text"} or [{"audio": "file.wav", "text": "..."}]')
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as err:
@@ -82,7 +129,11 @@ def _from_json(raw: str, source: str) -> dict[str, str]:
 
 
 def _from_csv(raw: str, source: str, delimiter: str) -> dict[str, str]:
-    rows = [row for row in csv.reader(raw.splitlines(), delimiter=delimiter) if any(cell.strip() for cell in row)]
+    try:
+        rows = [row for row in csv.reader(raw.splitlines(), delimiter=delimiter) if any(cell.strip() for cell in row)]
+    except csv.Error as err:  # a field over csv's field size limit, a NUL byte...
+        raise TranscriptError(f"{source} is not a readable CSV/TSV manifest ({err}): one line per file, "
+                              "the file name and its text") from None
     if not rows:
         raise TranscriptError(f"{source} is empty")
     header = [cell.strip().lower() for cell in rows[0]]
@@ -133,10 +184,7 @@ def sidecars(audio_paths: list[Path]) -> dict[str, str]:
     for path in audio_paths:
         side = path.with_suffix(".txt")
         if side.is_file():
-            try:
-                out[path.name] = side.read_text(encoding="utf-8-sig")
-            except (OSError, UnicodeDecodeError) as err:
-                raise TranscriptError(f"cannot read transcript {side.name}: {err}") from None
+            out[path.name] = _read_bounded(side, "transcript")
     return out
 
 

@@ -64,10 +64,12 @@ def settings_classes() -> dict[str, type]:
     """The settings class each `voicering` subcommand builds."""
     from gateway.livekit.settings import AgentSettings
     from gateway.settings import GatewaySettings
+    from gateway.stack.settings import UpSettings
     from gpu_worker.settings import WorkerSettings
     from lora_training.settings import TrainSettings
 
-    return {"worker": WorkerSettings, "gateway": GatewaySettings, "train-worker": TrainSettings, "agent": AgentSettings}
+    return {"worker": WorkerSettings, "gateway": GatewaySettings, "train-worker": TrainSettings, "agent": AgentSettings,
+            "up": UpSettings}
 
 
 @cache
@@ -92,9 +94,9 @@ def real_env_names() -> frozenset[str]:
     aliases (nested models with the delimiter), hashring's Redis URL, the CLI's envvar options."""
     from pydantic import AliasChoices, BaseModel
 
-    from hashring.settings import REDIS_URL_ENV
+    from hashring.settings import HEARTBEAT_ENV, REDIS_URL_ENV, REFRESH_ENV
 
-    names = {REDIS_URL_ENV}
+    names = {REDIS_URL_ENV, HEARTBEAT_ENV, REFRESH_ENV}
     for cls in settings_classes().values():
         prefix = cls.model_config.get("env_prefix", "")
         delimiter = cls.model_config.get("env_nested_delimiter")
@@ -494,8 +496,8 @@ def test_service_ports_probes_and_settings_agree_for_every_workload():
         argv = container.get("args") or []
         sub = subcommand_of(argv)
         settings = build_settings(sub, container_env(workload, container))
-        if sub == "gateway":
-            assert ports == {"http": settings.port}
+        if sub == "gateway":  # the API, and the internal metrics server (never in a Service)
+            assert ports == {"http": settings.port, "metrics": settings.metrics_port}
         if sub == "agent":
             assert ports == {"health": settings.http_port}
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -564,6 +566,18 @@ def test_network_policy_lets_only_gateways_agents_and_workers_reach_workers():
     assert reach == set(same_namespace) - {"voicering-redis"}
 
 
+def test_network_policy_opens_the_gateway_s_metrics_port_to_monitoring_only():
+    gateway = one("Deployment", "voicering-gateway")
+    (container,) = gateway["spec"]["template"]["spec"]["containers"]
+    settings = build_settings("gateway", container_env(gateway, container))
+    (policy,) = [p for p in k8s("NetworkPolicy") if selects(p["spec"]["podSelector"], pod_labels(gateway))]
+    by_port = {port["port"]: rule.get("from") for rule in policy["spec"]["ingress"] for port in rule["ports"]}
+    assert set(by_port) == {settings.port, settings.metrics_port}
+    assert by_port[settings.port] is None  # the API: anyone the ingress lets through
+    (peer,) = by_port[settings.metrics_port]
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+
+
 def test_shared_volumes_are_mounted_where_each_process_looks():
     paths = {}
     for workload, container in containers():
@@ -606,7 +620,14 @@ def test_prometheus_jobs_find_the_pods_and_the_token():
     assert token_key in env_file(SECRETS_EXAMPLE)
     (container,) = gateway["spec"]["template"]["spec"]["containers"]
     annotations = gateway["spec"]["template"]["metadata"]["annotations"]
-    assert int(annotations["prometheus.io/port"]) == container["ports"][0]["containerPort"]
+    settings = build_settings("gateway", container_env(gateway, container))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    # Prometheus scrapes the internal metrics server, which listens on the pod network; the public
+    # port serves no metrics, and no Service exposes the metrics port
+    assert int(annotations["prometheus.io/port"]) == ports["metrics"] == settings.metrics_port
+    assert settings.metrics_host == "0.0.0.0" and annotations["prometheus.io/path"] == "/metrics"
+    service = one("Service", "voicering-gateway")
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
 
 
 # -- compose -------------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ ENV PATH=/opt/voicering/venv/bin:$PATH \
     VOICERING_GATEWAY_UPLOADS_DIR=/srv/voicering/uploads
 USER 10001:10001
 WORKDIR /home/voicering
-EXPOSE 8000
+# 8000: the public API; 8001: the internal metrics server (bind it with VOICERING_GATEWAY_METRICS_HOST)
+EXPOSE 8000 8001
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 CMD ["python", "/opt/voicering/healthcheck.py", "gateway"]
 ENTRYPOINT ["tini", "--"]
 CMD ["voicering", "gateway", "--grace", "30"]

@@ -4,8 +4,10 @@ and cloning, usage, models, health, metrics and the web page.
     app = create_app(settings)            # opens its Gateway (Redis, pool, queue) in the lifespan
     app = create_app(settings, gateway)   # or serves one the caller opened (tests, benches)
 
-Every error leaves in OpenAI's shape (`errors.py`); every route but `/`, `/health`, `/metrics`,
-`/openapi.json` and `/docs` needs `Authorization: Bearer <API key>`.
+Every error leaves in OpenAI's shape (`errors.py`); every route but `/`, `/health`,
+`/openapi.json` and `/docs` needs `Authorization: Bearer <API key>`, checked before any byte of
+the body is read (`edge.py`: no route lets FastAPI parse its body). The metrics are not here: the
+internal metrics server serves them (`metrics.py`, `gateway.serve`); `/metrics` here is a 404.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import FileResponse, JSONResponse
 from starlette.routing import Match
 
 from gateway.api import errors, speech, stream, voices
@@ -80,10 +83,6 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
                              "workers": len(view.ring) if view is not None else len(gw.settings.workers),
                              "ring_epoch": view.epoch if view is not None else None})
 
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics(request: Request) -> Response:
-        return Response(gateway_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
-
     @app.get("/v1/models")
     async def list_models(tenant: Annotated[Tenant, Depends(caller)]) -> dict:
         created = int(time.time())
@@ -103,6 +102,15 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
     async def page() -> FileResponse:
         return FileResponse(WEB / "index.html", media_type="text/html")
 
+    def openapi() -> dict:
+        """FastAPI's schema, plus the JSON bodies the routes read themselves (`edge.read_body`)."""
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(speech.body_schemas())
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 

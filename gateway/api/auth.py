@@ -19,7 +19,8 @@ from gateway.api.state import Gateway
 from gateway.quotas import StreamSlot
 from gateway.tenants import Tenant, TenantError, Unavailable
 
-__all__ = ["authenticate", "bearer_key", "caller", "gateway_of", "resolve_and_admit", "take_stream_slot"]
+__all__ = ["authenticate", "bearer_key", "caller", "count_request", "gateway_of", "identify", "resolve_and_admit",
+           "take_stream_slot"]
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +39,27 @@ def bearer_key(headers: Mapping[str, str]) -> str | None:
 
 async def authenticate(gateway: Gateway, headers: Mapping[str, str]) -> Tenant:
     """The tenant of the request's key, its request counted (ApiError 401/429/503 otherwise)."""
+    tenant = await identify(gateway, bearer_key(headers))
+    await count_request(gateway, tenant)
+    return tenant
+
+
+async def identify(gateway: Gateway, key: str | None) -> Tenant:
+    """The tenant `key` opens, as Redis holds it now (its current limits); ApiError 401/503 otherwise."""
     try:
-        tenant = await gateway.tenants.authenticate(bearer_key(headers))
+        return await gateway.tenants.authenticate(key)
     except TenantError as exc:
         raise from_tenant_error(exc) from None
+
+
+async def count_request(gateway: Gateway, tenant: Tenant) -> None:
+    """Count one request against the tenant's rate limit (ApiError 429 past it; uncounted while Redis is away)."""
     try:
         await gateway.quotas.count_request(tenant)
     except Unavailable as exc:
         log.warning("request of tenant %s not counted against its rate limit: %s", tenant.id, exc.message)
     except TenantError as exc:
         raise from_tenant_error(exc) from None
-    return tenant
 
 
 async def caller(request: Request) -> Tenant:
@@ -62,6 +73,9 @@ async def take_stream_slot(gateway: Gateway, tenant: Tenant) -> StreamSlot | Non
     slot = gateway.quotas.stream_slot(tenant)
     try:
         await slot.__aenter__()
+    except asyncio.CancelledError:  # Redis may have taken it already: free it now, not when its lease lapses
+        await asyncio.shield(slot.__aexit__(None, None, None))
+        raise
     except Unavailable as exc:
         log.warning("stream of tenant %s not counted against its stream limit: %s", tenant.id, exc.message)
         return None
@@ -70,16 +84,26 @@ async def take_stream_slot(gateway: Gateway, tenant: Tenant) -> StreamSlot | Non
     return slot
 
 
-async def resolve_and_admit(gateway: Gateway, tenant: Tenant, name: str):
+async def resolve_and_admit(gateway: Gateway, tenant: Tenant, name: str) -> tuple[str, StreamSlot | None]:
     """The voice id and a stream slot, looked up together (two Redis round trips in parallel,
-    not in a row: both sit before the first audio)."""
-    resolved, admitted = await asyncio.gather(gateway.catalog.resolve(tenant, name), take_stream_slot(gateway, tenant),
-                                              return_exceptions=True)
-    if isinstance(resolved, BaseException) or isinstance(admitted, BaseException):
-        if not isinstance(admitted, BaseException) and admitted is not None:
-            await admitted.__aexit__(None, None, None)
-        error = resolved if isinstance(resolved, BaseException) else admitted
-        if isinstance(error, TenantError):
-            raise from_tenant_error(error, param="voice") from None
-        raise error
-    return resolved, admitted
+    not in a row: both sit before the first audio). However it ends without returning (an error,
+    or the caller cancelled at any point), a slot taken meanwhile is freed: its renewer would
+    otherwise keep it forever."""
+    admit = asyncio.create_task(take_stream_slot(gateway, tenant), name=f"stream-admit:{tenant.id}")
+    try:
+        try:
+            voice_id = await gateway.catalog.resolve(tenant, name)
+        except TenantError as exc:
+            raise from_tenant_error(exc, param="voice") from None
+        return voice_id, await admit
+    except BaseException:
+        await asyncio.shield(_free_taken(admit))
+        raise
+
+
+async def _free_taken(admit: asyncio.Task[StreamSlot | None]) -> None:
+    """Stop a slot request; free the slot if it got one."""
+    admit.cancel()
+    await asyncio.wait([admit])
+    if not admit.cancelled() and admit.exception() is None and (slot := admit.result()) is not None:
+        await slot.__aexit__(None, None, None)

@@ -5,7 +5,9 @@ class they already handle (BadRequestError, AuthenticationError, NotFoundError, 
 Errors of the layers below are mapped here, once, at the HTTP boundary:
 
     TenantError (gateway.tenants)      Unauthorized 401, VoiceNotFound 404, QuotaExceeded 429,
-                                       Unavailable 503, anything else of the caller's 400
+                                       Unavailable 503 (Redis unreachable or refusing for now),
+                                       StoreError 500 (never Redis's own text), anything else of
+                                       the caller's 400
     WorkerRequestError (gpu_worker)    the worker's code: busy/no_worker 503, unknown_voice 404,
                                        caller mistakes 400, worker_lost 502, the rest 500
                                        VoiceExists, VoiceNotReady 409
@@ -23,7 +25,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from gateway.catalog import VoiceNotReady
-from gateway.tenants import QuotaExceeded, TenantError, Unauthorized, Unavailable, VoiceExists, VoiceNotFound
+from gateway.tenants import (
+    QuotaExceeded,
+    StoreError,
+    TenantError,
+    Unauthorized,
+    Unavailable,
+    VoiceExists,
+    VoiceNotFound,
+)
 from gpu_worker.client import WorkerRequestError
 
 __all__ = ["ApiError", "ErrorType", "error_body", "from_tenant_error", "from_worker_error", "install"]
@@ -78,6 +88,9 @@ def from_tenant_error(exc: TenantError, *, param: str | None = None) -> ApiError
         return ApiError(409, exc.message, param=param or "name", code="voice_exists")
     if isinstance(exc, Unavailable):
         return ApiError(503, exc.message, type="service_unavailable", code="unavailable")
+    if isinstance(exc, StoreError):
+        return ApiError(500, "the gateway's tenant store failed; retry later or tell the operator",
+                        type="server_error", code="tenant_store_error")
     return ApiError(400, exc.message, param=param, code=type(exc).__name__)
 
 
@@ -106,7 +119,7 @@ async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
     param = _param(tuple(first.get("loc", ())))
     if first.get("type") == "extra_forbidden":
         message = f"Unrecognized request argument supplied: {param}"
-    elif first.get("type") in ("json_invalid", "model_attributes_type"):
+    elif first.get("type") in ("json_invalid", "model_attributes_type", "model_type"):
         message = "We could not parse the JSON body of your request: send a JSON object"
     else:
         message = f"Invalid value for '{param}': {first.get('msg', 'invalid')}" if param else str(first.get("msg"))

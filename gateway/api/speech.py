@@ -5,15 +5,29 @@ voice name mapped to its global id, one of the tenant's stream slots taken, and 
 opened through the worker pool. The status line waits for the **first audio** (so an error
 before any audio is a real HTTP error: 404, 429, 503 with Retry-After); from then on every chunk
 is time-stretched (`speed`), encoded (`response_format`) and sent as it comes (chunked). A client
-that goes away cancels the worker's context at once; the audio it was sent is still metered.
+that goes away cancels the worker's context at once; the audio generated so far is still metered.
 
 `stream_format: "sse"` sends `speech.audio.delta` events (base64 of the encoded bytes) and one
-`speech.audio.done` with `usage`, plus voicering's `served_by` (the worker whose engine spoke it)
-and `proxied` (whether the worker the gateway chose relayed it to the voice's owner). Orpheus has no instruction conditioning: `instructions` is
+`speech.audio.done` with `usage` (OpenAI's `input_tokens`, `output_tokens`, `total_tokens`, and
+voicering's `audio_seconds`, the audio billed), plus voicering's `served_by` (the worker whose
+engine spoke it) and `proxied` (whether the worker the gateway chose relayed it to the voice's
+owner). `input_tokens` is 0: the workers do not report their prompt tokens (UtteranceStats has
+no such count), and characters are not tokens.
+
+Orpheus has no instruction conditioning: `instructions` is
 accepted (so clients that send it work) and not applied; emotion tags in `input` (`<laugh>`,
 `<sigh>`...) are how a voice is steered. voicering adds two fields of its own: `seed` (the
 same seed gives the same audio) and `max_tokens` (a cap on generated audio tokens, 7 per 85 ms
 frame), both passed to the worker.
+
+A failure after the first audio cannot change the status any more, so it is made impossible to
+miss instead: SSE ends with an `error` event (OpenAI's error object) and no `speech.audio.done`;
+raw audio ends without the chunked body's last chunk (the connection is dropped), so every HTTP
+client raises on the incomplete body instead of keeping a short file as if it were whole.
+
+Metering follows what the worker generated (its PCM before `speed` stretches it), once the
+utterance was opened on a worker; anything refused before that is not metered. The body is read
+only after the key is checked, at most `body_limit(settings)` bytes (`edge.read_body`).
 """
 
 from __future__ import annotations
@@ -27,21 +41,23 @@ from typing import Annotated, Literal
 
 import anyio
 from fastapi import APIRouter, Depends, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.api.auth import caller, gateway_of, resolve_and_admit
-from gateway.api.edge import received_at
+from gateway.api.edge import read_body, received_at
 from gateway.api.encode import MEDIA_TYPES, ResponseFormat, open_encoder
-from gateway.api.errors import ApiError, from_worker_error
+from gateway.api.errors import ApiError, error_body, from_worker_error
 from gateway.api.speed import MAX_SPEED, MIN_SPEED, SpeedChanger
 from gateway.api.state import Gateway
+from gateway.settings import GatewaySettings
 from gateway.tenants import Tenant, TenantError
 from gpu_worker.client import WorkerRequestError
 from gpu_worker.pool import PoolStream
 from gpu_worker.protocol import UtteranceOptions
 
-__all__ = ["MODELS", "SpeechRequest", "router"]
+__all__ = ["MODELS", "SpeechRequest", "body_limit", "body_schemas", "router"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +66,12 @@ BYTES_PER_SECOND = SAMPLE_RATE * 2
 # The one model voicering serves, and OpenAI's speech model names as aliases of it, so clients
 # written for OpenAI work with only the base URL and key changed.
 MODELS = ("voicering-orpheus", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+MAX_INSTRUCTIONS_CHARS = 4096
+# The most JSON bytes one character of a legal body can take: an astral character written as an
+# escaped surrogate pair, "\ud83d\ude00". `body_limit` allows it for every character of `input`
+# and `instructions`, plus SPEECH_FIELDS_BYTES for the other fields.
+JSON_BYTES_PER_CHAR = 12
+SPEECH_FIELDS_BYTES = 4096
 
 router = APIRouter()
 
@@ -67,7 +89,7 @@ class SpeechRequest(BaseModel):
     voice: str | VoiceRef
     response_format: ResponseFormat = "mp3"
     speed: float = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED)
-    instructions: str | None = Field(None, max_length=4096)
+    instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
     stream_format: Literal["audio", "sse"] = "audio"
     seed: int | None = Field(None, ge=0, lt=2**32)  # voicering: reproducible audio
     max_tokens: int | None = Field(None, ge=7, le=8192)  # voicering: cap on generated audio tokens
@@ -84,13 +106,36 @@ class SpeechRequest(BaseModel):
         return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
 
 
-@router.post("/v1/audio/speech", response_class=StreamingResponse,
+def body_limit(settings: GatewaySettings) -> int:
+    """The most bytes a speech request body may have (413 beyond): 100 KiB with the defaults."""
+    return (settings.max_input_chars + MAX_INSTRUCTIONS_CHARS) * JSON_BYTES_PER_CHAR + SPEECH_FIELDS_BYTES
+
+
+def body_schemas() -> dict[str, dict]:
+    """SpeechRequest's JSON schema and the models it refers to, for the app's OpenAPI components."""
+    schema = SpeechRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {**schema.pop("$defs", {}), "SpeechRequest": schema}
+
+
+def _parse(raw: bytes) -> SpeechRequest:
+    try:
+        return SpeechRequest.model_validate_json(raw)
+    except ValidationError as exc:  # answered like FastAPI's own body validation (errors.py)
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+
+
+_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "$ref": "#/components/schemas/SpeechRequest"}}}}}
+
+
+@router.post("/v1/audio/speech", response_class=StreamingResponse, openapi_extra=_BODY,
              responses={200: {"content": {t: {} for t in MEDIA_TYPES.values()}, "description": "streamed audio"}})
-async def create_speech(body: SpeechRequest, request: Request,
-                        tenant: Annotated[Tenant, Depends(caller)]) -> StreamingResponse:
+async def create_speech(request: Request, tenant: Annotated[Tenant, Depends(caller)]) -> StreamingResponse:
     gateway = gateway_of(request)
     received = received_at(request)  # before authentication and body parsing
-    limit = gateway.settings.max_input_chars
+    settings = gateway.settings
+    body = _parse(await read_body(request, body_limit(settings), timeout_s=settings.body_timeout_s))
+    limit = settings.max_input_chars
     if len(body.input) > limit:
         raise ApiError(400, f"input is {len(body.input)} characters; the most is {limit}: split the text",
                        param="input", code="string_above_max_length")
@@ -126,8 +171,17 @@ async def create_speech(body: SpeechRequest, request: Request,
     return _Streamed(body_iter, run.close, media_type=media_type, headers=headers)
 
 
+class SpeechTruncated(Exception):
+    """The worker failed after audio was sent: the response must end as visibly incomplete."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 class _Run:
-    """One speech request's resources, released once whatever ends it (done, error, disconnect)."""
+    """One speech request's resources, released once whatever ends it (done, error, disconnect).
+    `pcm_bytes` is the audio the worker generated (before `speed`): what is billed."""
 
     def __init__(self, gateway: Gateway, tenant: Tenant, slot) -> None:
         self.gateway, self.tenant, self.slot = gateway, tenant, slot
@@ -169,27 +223,23 @@ async def _encoded(run: _Run, body: SpeechRequest, first: bytes | None, rest: As
     ttfb = run.gateway.metrics.ttfb.labels("speech", body.response_format)
     sent_first = False
 
-    def take(pcm: bytes) -> bytes:
-        run.pcm_bytes += len(pcm)
-        return encoder.feed(pcm)
-
     try:
-        chunks = _chain(first, rest)
-        async for pcm in chunks:
-            out = take(speed.feed(pcm))
+        async for pcm in _chain(first, rest):
+            run.pcm_bytes += len(pcm)  # billed as generated, whatever `speed` makes of it
+            out = encoder.feed(speed.feed(pcm))
             if out:
                 if not sent_first:
                     ttfb.observe(time.perf_counter() - received)
                     sent_first = True
                 yield out
-        tail = take(speed.close()) + encoder.close()
+        tail = encoder.feed(speed.close()) + encoder.close()
         if tail:
             yield tail
     except WorkerRequestError as exc:
-        # Audio has been sent with a 200 already: the body just ends short. Logged; a client
-        # that needs to know uses the websocket (its error messages) or SSE.
+        # The 200 is out already: the caller must still see that this audio is not whole.
         log.warning("speech of tenant %s ended early after %.2f s of audio: %s", run.tenant.id, run.audio_seconds,
                     exc.error.message)
+        raise SpeechTruncated(from_worker_error(exc)) from exc
     finally:
         encoder.close()
         speed.close()
@@ -203,11 +253,18 @@ async def _chain(first: bytes | None, rest: AsyncIterator[bytes]) -> AsyncIterat
 
 
 async def _sse(run: _Run, encoded: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    async for data in encoded:
-        yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
+    try:
+        async for data in encoded:
+            yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
+    except SpeechTruncated as exc:  # an `error` event instead of `done`: the SDKs raise on it
+        error = exc.error
+        yield _event({"type": "error", **error_body(error.message, error.type, error.param, error.code)})
+        return
     stats = run.stream.done.stats if run.stream is not None and run.stream.done is not None else None
-    yield _event({"type": "speech.audio.done",
-                  "usage": {"output_tokens": stats.tokens if stats else 0, "audio_seconds": round(run.audio_seconds, 3)},
+    output_tokens = stats.tokens if stats else 0
+    usage = {"input_tokens": 0, "output_tokens": output_tokens, "total_tokens": output_tokens,
+             "audio_seconds": round(run.audio_seconds, 3)}
+    yield _event({"type": "speech.audio.done", "usage": usage,
                   "served_by": stats.served_by if stats else "", "proxied": bool(stats.proxied) if stats else False})
 
 
@@ -217,7 +274,8 @@ def _event(payload: dict) -> bytes:
 
 class _Streamed(StreamingResponse):
     """A streaming response that always releases its request's resources when it is over, also
-    when the client went away before or during the body (Starlette then stops iterating it)."""
+    when the client went away before or during the body (Starlette then stops iterating it), and
+    that ends a truncated body without its terminating chunk."""
 
     def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], **kwargs) -> None:
         super().__init__(content, **kwargs)
@@ -226,6 +284,10 @@ class _Streamed(StreamingResponse):
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except SpeechTruncated:
+            # Return with the body unfinished: the server drops the connection without the last
+            # (zero-length) chunk, and the client sees an incomplete response.
+            pass
         finally:
             with anyio.CancelScope(shield=True):
                 await self._on_close()

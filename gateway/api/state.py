@@ -5,6 +5,7 @@
 - the worker pool (`gpu_worker.pool`): routed by the ring in Redis (`RingWatcher`), or over a
   fixed list of worker URLs, dialing with the cluster token,
 - the training queue (lora_training's `JobQueue`, a sync client: called off the event loop),
+- the bounded pool that decodes uploads for their checks (`gateway.cloning.DecodePool`),
 - the metrics registry.
 
 Routes reach it as `request.app.state.gateway`.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 from gateway.api.metrics import GatewayMetrics
 from gateway.catalog import Catalog
+from gateway.cloning.decoding import DecodePool
 from gateway.quotas import Quotas
 from gateway.settings import GatewaySettings
 from gateway.tenants import Tenants, connect_redis
@@ -46,6 +48,7 @@ class Gateway:
     watcher: RingWatcher | None
     jobs: JobQueue
     metrics: GatewayMetrics
+    decodes: DecodePool
 
 
 @asynccontextmanager
@@ -77,4 +80,7 @@ async def open_gateway(settings: GatewaySettings) -> AsyncIterator[Gateway]:
         jobs = JobQueue.connect(redis_url, settings.train_prefix)
         stack.callback(jobs.close)
         catalog = Catalog(tenants, settings.base_voices, cache_s=settings.auth_cache_s)
-        yield Gateway(settings, redis_url, tenants, quotas, meter, catalog, pool, watcher, jobs, GatewayMetrics())
+        decodes = DecodePool(settings.max_concurrent_decodes, settings.max_decodes_per_tenant)
+        stack.callback(decodes.close)
+        yield Gateway(settings, redis_url, tenants, quotas, meter, catalog, pool, watcher, jobs, GatewayMetrics(),
+                      decodes)

@@ -7,7 +7,26 @@ The messages are the worker's own (docs/protocol.md): `start` (with the tenant's
 on the handshake; a bad key is refused with HTTP 401 before the upgrade), tenant voice names,
 one of the tenant's stream slots per open context (`error` code `streams_limit_exceeded` when the
 tenant is at its limit), routing through the pool (another worker takes the context until its
-first audio), usage metering. Text limits are the workers' (one place, one code).
+first audio), usage metering (a context is metered once a worker opened it; one refused before
+is not).
+
+**Every byte is bounded before it is buffered or forwarded.** uvicorn refuses a websocket message
+over `WS_MAX_MESSAGE_BYTES` (gateway/serve.py: the largest legal message, a `start` holding
+`MAX_TEXT_CHARS` characters each escaped as a 12-byte surrogate pair, plus voice and options)
+by closing this socket with 1009. A context is held to the worker's own text limits
+(gpu_worker.protocol) before anything reaches the shared link to a worker: a `start` over
+`MAX_TEXT_CHARS` ends with `error` `text_too_long`; a `text` that would buffer more than
+`MAX_TEXT_CHARS` before a flush is `rejected` (`text_too_long`); until its first audio (while
+the pool keeps every message for a replay on another worker) a context may send at most
+`MAX_CONTEXT_BACKLOG_CHARS` characters, each message counting at least one, else `rejected`
+(`backlog_full`). The pool measures each message's encoded bytes against the worker's message
+limit and refuses it unsent (`text_too_long`). A worker's own `rejected` of a message is relayed.
+
+**The key is re-checked while the socket is open**, every half `auth_cache_s` (at least
+`MIN_KEY_CHECK_S`): a revoked key gets `error` `invalid_api_key` (no context id) and the socket is
+closed with 1008, its contexts cancelled; changed limits apply to the contexts started after
+the check. Each `start` is counted against the tenant's rate limit as an HTTP request is
+(`error` `requests_limit_exceeded` for that context past it); the handshake counts one too.
 
 Writes go through one bounded outbox and one writer task: a client that stops reading for
 `SLOW_CONSUMER_S` is cut (1008), its contexts cancelled on the workers. A disconnect cancels
@@ -24,7 +43,7 @@ from dataclasses import dataclass, field
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from gateway.api.auth import authenticate, gateway_of, resolve_and_admit
+from gateway.api.auth import authenticate, bearer_key, count_request, gateway_of, identify, resolve_and_admit
 from gateway.api.errors import ApiError
 from gateway.api.state import Gateway
 from gateway.quotas import StreamSlot
@@ -32,8 +51,8 @@ from gateway.tenants import Tenant, TenantError
 from gpu_worker.client import WorkerRequestError
 from gpu_worker.errors import BadMessage
 from gpu_worker.pool import PoolStream
-from gpu_worker.protocol import (AudioChunk, Cancel, Done, End, Error, Flush, PushText, Rejected, Start, encode,
-                                 parse_client)
+from gpu_worker.protocol import (MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AudioChunk, Cancel, ClientMessage, Done, End,
+                                 Error, Flush, PushText, Rejected, Start, encode, parse_client)
 
 __all__ = ["router"]
 
@@ -42,6 +61,8 @@ log = logging.getLogger(__name__)
 OUTBOX = 256  # messages queued for one connection's writer
 SLOW_CONSUMER_S = 5.0  # a message that cannot be queued this long cuts the connection
 BYTES_PER_SECOND = 48000
+MIN_KEY_CHECK_S = 0.5  # the key of an open socket is checked at most this often, whatever auth_cache_s says
+POLICY_VIOLATION = 1008  # close code: cut as a slow consumer, or its key was revoked
 
 router = APIRouter()
 
@@ -57,7 +78,7 @@ async def tts_stream(ws: WebSocket) -> None:
         return
     await ws.accept()
     gateway.metrics.requests.labels("/v1/tts/stream", "101").inc()
-    await _Session(gateway, tenant, ws).run()
+    await _Session(gateway, tenant, bearer_key(ws.headers), ws).run()
 
 
 class _Cut(Exception):
@@ -73,40 +94,83 @@ class _Context:
     pcm_bytes: int = 0
     ended: bool = False  # `end` was sent: text after it is refused
     opening: asyncio.Event = field(default_factory=asyncio.Event)
+    buffered_chars: int = 0  # sent since the last flush (the worker buffers them as one segment)
+    held_before_audio: int = 0  # characters (at least one per message) sent before the first audio
+    rejections_relayed: int = 0  # of the worker's `rejected` for this context
+
+    def admit(self, message: ClientMessage) -> Rejected | None:
+        """Count `message` against this context's text limits, or say why it is refused (and not counted)."""
+        chars = len(message.text) if isinstance(message, PushText) else 0
+        if chars and self.buffered_chars + chars > MAX_TEXT_CHARS:
+            return Rejected("text_too_long", f"text exceeds {MAX_TEXT_CHARS} characters before a flush; flush (or end) "
+                                             "at least every few sentences", False, self.id, message.type)
+        before_audio = self.stream is None or self.stream.first_audio_at is None
+        if before_audio and not isinstance(message, Cancel):
+            held = self.held_before_audio + max(1, chars)
+            if held > MAX_CONTEXT_BACKLOG_CHARS:
+                return Rejected("backlog_full", f"context '{self.id}' sent {self.held_before_audio} characters and "
+                                                f"messages before its first audio (limit {MAX_CONTEXT_BACKLOG_CHARS}); "
+                                                "wait for its audio before sending more", False, self.id, message.type)
+            self.held_before_audio = held
+        self.buffered_chars = 0 if isinstance(message, Flush | End) else self.buffered_chars + chars
+        return None
 
 
 class _Session:
     """One websocket: its contexts, its outbox and writer, and their cleanup."""
 
-    def __init__(self, gateway: Gateway, tenant: Tenant, ws: WebSocket) -> None:
+    def __init__(self, gateway: Gateway, tenant: Tenant, key: str | None, ws: WebSocket) -> None:
         self.gateway, self.tenant, self.ws = gateway, tenant, ws
+        self.key = key
         self.contexts: dict[str, _Context] = {}
         self.outbox: asyncio.Queue[str | bytes | None] = asyncio.Queue(OUTBOX)
         self.cut = asyncio.Event()
+        self.close_code = 1000
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._write(), name="tts-stream-writer")
         reader = asyncio.create_task(self._read(), name="tts-stream-reader")
         cut = asyncio.create_task(self.cut.wait(), name="tts-stream-cut")
+        keycheck = asyncio.create_task(self._check_key(), name="tts-stream-key")
         try:
-            await asyncio.wait({writer, reader, cut}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({writer, reader, cut, keycheck}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            reader.cancel()
-            cut.cancel()
+            for task in (reader, cut, keycheck):
+                task.cancel()
             contexts = list(self.contexts.values())
             for ctx in contexts:
                 if ctx.relay is not None:
                     ctx.relay.cancel()
-            await asyncio.gather(reader, cut, *(c.relay for c in contexts if c.relay), return_exceptions=True)
+            await asyncio.gather(reader, cut, keycheck, *(c.relay for c in contexts if c.relay), return_exceptions=True)
             if self.outbox.full() or self.cut.is_set():
                 writer.cancel()
             else:
                 self.outbox.put_nowait(None)  # the writer sends what is queued, then stops
             await asyncio.gather(writer, return_exceptions=True)
             with contextlib.suppress(Exception):
-                await self.ws.close(1008 if self.cut.is_set() else 1000)
+                await self.ws.close(POLICY_VIOLATION if self.cut.is_set() else self.close_code)
 
-    # -- the two tasks ----------------------------------------------------------------------------
+    # -- the tasks --------------------------------------------------------------------------------
+
+    async def _check_key(self) -> None:
+        """Look the key up again every interval, so revocation and new limits reach this socket
+        within `auth_cache_s`; returns (ending the session) once the key no longer opens a tenant."""
+        interval = max(MIN_KEY_CHECK_S, self.gateway.settings.auth_cache_s / 2)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.tenant = await identify(self.gateway, self.key)
+            except ApiError as exc:
+                if exc.status != 401:  # Redis away and the key not cached: keep serving, as for a live stream
+                    log.warning("key of tenant %s not re-checked: %s", self.tenant.id, exc.message)
+                    continue
+                log.info("tenant %s: its key stopped working; closing its stream socket", self.tenant.id)
+                self.close_code = POLICY_VIOLATION
+                with contextlib.suppress(_Cut):
+                    await self._send(encode(Error(exc.code or "invalid_api_key", "this API key was revoked or "
+                                                  "deleted; the stream is closed and its contexts cancelled",
+                                                  False)))
+                return
 
     async def _write(self) -> None:
         try:
@@ -136,13 +200,20 @@ class _Session:
 
     # -- messages ---------------------------------------------------------------------------------
 
-    async def _handle(self, message) -> None:
+    async def _handle(self, message: ClientMessage) -> None:
         ctx = self.contexts.get(message.context_id)
         if isinstance(message, Start):
             if ctx is not None:
                 await self._refuse(message, "a context with this id is open; pick a new context_id")
                 return
+            if len(message.text) > MAX_TEXT_CHARS:  # it never opens: nothing is counted, held or forwarded
+                await self._send(encode(Error("text_too_long", f"'text' of a start is {len(message.text)} characters, "
+                                              f"over the {MAX_TEXT_CHARS} a context may buffer before a flush; start "
+                                              "with less and send the rest as 'text' messages with flushes", False,
+                                              message.context_id)))
+                return
             ctx = self.contexts[message.context_id] = _Context(message.context_id)
+            ctx.admit(PushText(ctx.id, message.text))
             ctx.relay = asyncio.create_task(self._speak(ctx, message), name=f"tts-stream-context:{ctx.id}")
             return
         if ctx is None:
@@ -151,13 +222,17 @@ class _Session:
         if isinstance(message, PushText | Flush | End) and ctx.ended:
             await self._refuse(message, "this context was ended; start a new one to say more")
             return
+        refused = ctx.admit(message)
+        if refused is not None:
+            await self._send(encode(refused))
+            return
         if isinstance(message, End):
             ctx.ended = True
         await ctx.opening.wait()  # the worker's context exists (or the context already failed)
         stream = ctx.stream
         if stream is None:
             return  # it ended with an error already sent
-        with contextlib.suppress(WorkerRequestError):
+        try:
             if isinstance(message, PushText):
                 await stream.push(message.text)
             elif isinstance(message, Flush):
@@ -166,12 +241,15 @@ class _Session:
                 await stream.end()
             elif isinstance(message, Cancel):
                 await stream.cancel()
+        except WorkerRequestError as exc:  # the pool refused it unsent (a worker would not take it): no effect
+            await self._send(encode(Rejected(exc.error.code, exc.error.message, False, ctx.id, message.type)))
 
     async def _speak(self, ctx: _Context, start: Start) -> None:
         gateway, tenant = self.gateway, self.tenant
         began = time.perf_counter()
         try:
             try:
+                await count_request(gateway, tenant)
                 voice_id, ctx.slot = await resolve_and_admit(gateway, tenant, start.voice)
                 ctx.stream = await gateway.pool.start(voice_id, start.text, options=start.options)
             except ApiError as exc:
@@ -198,26 +276,42 @@ class _Session:
             async for pcm in stream.audio():
                 if seq == 0:
                     self.gateway.metrics.ttfb.labels("stream", "pcm").observe(time.perf_counter() - began)
+                await self._relay_rejections(ctx)
                 ctx.pcm_bytes += len(pcm)
                 await self._send(AudioChunk(ctx.id, seq, pcm).encode())
                 seq += 1
         except WorkerRequestError as exc:
+            await self._relay_rejections(ctx)
             await self._error(ctx, exc.error.code, exc.error.message, exc.retryable)
             return
+        await self._relay_rejections(ctx)
         done = stream.done
         if done is not None:
             await self._send(encode(Done(ctx.id, done.stats, done.reason)))
 
+    async def _relay_rejections(self, ctx: _Context) -> None:
+        """The worker's `rejected` of this context's messages (they had no effect), as the caller named it."""
+        stream = ctx.stream
+        assert stream is not None
+        for r in stream.rejected[ctx.rejections_relayed:]:
+            await self._send(encode(Rejected(r.code, r.message, r.retryable, ctx.id, r.message_type)))
+        ctx.rejections_relayed = len(stream.rejected)
+
     async def _close(self, ctx: _Context) -> None:
-        """The context is over (done, error, or the connection went): free all it held, once."""
+        """The context is over (done, error, or the connection went): free all it held, once. It is
+        metered only if a worker opened it (the rule of the HTTP routes too)."""
         if self.contexts.get(ctx.id) is ctx:
             del self.contexts[ctx.id]
         stream = ctx.stream
-        if stream is not None and stream.done is None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(stream.cancel())
-        if ctx.slot is not None:
-            await ctx.slot.__aexit__(None, None, None)
+        try:
+            if stream is not None and stream.done is None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(stream.cancel())
+        finally:
+            if ctx.slot is not None:
+                await ctx.slot.__aexit__(None, None, None)
+        if stream is None:
+            return
         seconds = ctx.pcm_bytes / BYTES_PER_SECOND
         self.gateway.metrics.audio_seconds.labels(self.tenant.name).inc(seconds)
         try:

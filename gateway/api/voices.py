@@ -12,8 +12,12 @@
 The body is parsed as it streams in (python-multipart's push parser over `request.stream()`; Starlette's
 `request.form()` would spool whole files before anyone could count them), and the tenant's
 `max_upload_bytes` is counted on the raw body: a declared `Content-Length` over it is refused before
-a byte is read, a chunked body the moment it passes it, with 413 and every partial file removed. The
-rest (checks, registration, the job) is `gateway.cloning`; this module is the HTTP side and maps its
+a byte is read, a chunked body the moment it passes it, with 413 and every partial file removed.
+Every other byte is bounded too: a part's headers (MAX_PART_HEADERS, MAX_PART_HEADER_BYTES: 400
+headers_too_large), a text field (MAX_FIELD_BYTES), the files (MAX_FILES), and the time the body
+takes (`upload_idle_timeout_s` between chunks, `upload_body_timeout_s` in all: 408 request_timeout).
+The parser runs in a thread, never on the event loop, and holds one file open at a time. The rest
+(checks, registration, the job) is `gateway.cloning`; this module is the HTTP side and maps its
 errors to OpenAI-shaped ones (`errors.py`).
 
 `lifecycle(gateway)` runs the clone watcher (`gateway.cloning.CloneWatcher`) for the app's lifetime.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -37,7 +42,7 @@ from gateway.api.auth import caller, gateway_of
 from gateway.api.errors import ApiError, from_tenant_error
 from gateway.api.state import Gateway
 from gateway.cloning import (TRANSCRIPT_SUFFIXES, SIDECAR_SUFFIX, BadUpload, CloneError, CloneUnavailable, CloneWatcher,
-                             Cloning, NotDeletable, Upload, UploadTooLarge, check_name)
+                             Cloning, DecodesBusy, NotDeletable, Upload, UploadTimeout, UploadTooLarge, check_name)
 from gateway.tenants import Tenant, TenantError
 
 __all__ = ["lifecycle", "router"]
@@ -45,6 +50,9 @@ __all__ = ["lifecycle", "router"]
 MAX_FIELD_BYTES: Final = 1 << 20  # one text field (a transcripts text can be long; the rest are short)
 MAX_FILES: Final = 500
 MAX_FILE_NAME_BYTES: Final = 255
+MAX_PART_HEADERS: Final = 8  # headers of one part (clients send Content-Disposition and Content-Type)
+MAX_PART_HEADER_BYTES: Final = 8 * 1024  # names and values of one part's headers together
+FEED_BYTES: Final = 64 * 1024  # the parser takes the body this much at a time, stopping at the first error
 TEXT_FIELDS: Final = frozenset({"name", "consent", "transcripts"})
 FILE_FIELDS: Final = frozenset({"files", "transcripts"})
 
@@ -123,6 +131,14 @@ def _api_error(exc: CloneError | TenantError) -> ApiError:
         return ApiError(400, exc.message, param=exc.param, code=exc.code)
     if isinstance(exc, CloneUnavailable):
         return ApiError(503, exc.message, type="service_unavailable", code=exc.code)
+    if isinstance(exc, UploadTimeout):
+        return ApiError(408, exc.message, param=exc.param, code=exc.code, retryable=False)
+    if isinstance(exc, DecodesBusy):
+        if exc.scope == "tenant":
+            return ApiError(429, exc.message, type="rate_limit_error", param=exc.param, code=exc.code,
+                            retry_after_s=exc.retry_after_s)
+        return ApiError(503, exc.message, type="service_unavailable", param=exc.param, code=exc.code,
+                        retry_after_s=exc.retry_after_s)
     if isinstance(exc, CloneError):
         return ApiError(500, exc.message, type="server_error", code=exc.code)
     return from_tenant_error(exc, param="name")
@@ -132,9 +148,11 @@ def _api_error(exc: CloneError | TenantError) -> ApiError:
 
 
 async def receive_upload(request: Request, tenant: Tenant, cloning: Cloning) -> Upload:
-    """Stream the multipart body into a fresh incoming folder, within the tenant's byte limit.
-    On any error the folder is removed and the error raised (BadUpload, UploadTooLarge, a disconnect)."""
+    """Stream the multipart body into a fresh incoming folder, within the tenant's byte limit and the
+    gateway's body timeouts. On any error the folder is removed and the error raised (BadUpload,
+    UploadTooLarge, UploadTimeout, a disconnect)."""
     limit = tenant.limits.max_upload_bytes
+    settings = cloning.settings
     content_type = request.headers.get("content-type", "")
     kind, options = parse_options_header(content_type)
     if kind != b"multipart/form-data" or not options.get(b"boundary"):
@@ -145,29 +163,58 @@ async def receive_upload(request: Request, tenant: Tenant, cloning: Cloning) -> 
         raise UploadTooLarge(limit)
     upload = await asyncio.to_thread(cloning.uploads.incoming)
     form = _Form(upload, options, lambda name: check_name(tenant, name, cloning.base_voices))
+    body = _Body(request, idle_s=settings.upload_idle_timeout_s, total_s=settings.upload_body_timeout_s)
     try:
         received = 0
-        async for chunk in request.stream():
+        while (chunk := await body.next_chunk()) is not None:
             received += len(chunk)
             if received > limit:
                 raise UploadTooLarge(limit)
-            form.feed(chunk)
-            await asyncio.to_thread(form.flush)
-        form.finish()
-        await asyncio.to_thread(form.flush)
+            await asyncio.to_thread(form.feed, chunk)
+        await asyncio.to_thread(form.finish)
     except BaseException:
-        form.close()
+        await asyncio.to_thread(form.close)  # waits for a feed still running in its thread
         await asyncio.to_thread(cloning.uploads.discard, upload)
         raise
-    form.close()
+    await asyncio.to_thread(form.close)
     return upload
+
+
+class _Body:
+    """The request body's chunks, each within `idle_s` of the one before and all within `total_s`:
+    a stalled or crawling body is cut (UploadTimeout), never held open."""
+
+    def __init__(self, request: Request, *, idle_s: float, total_s: float) -> None:
+        self._chunks = request.stream().__aiter__()
+        self._idle_s, self._total_s = idle_s, total_s
+        self._deadline = asyncio.get_running_loop().time() + total_s
+
+    async def next_chunk(self) -> bytes | None:
+        """The next non-empty chunk, or None once the body has ended."""
+        while True:
+            left = self._deadline - asyncio.get_running_loop().time()
+            try:
+                async with asyncio.timeout(max(0.0, min(self._idle_s, left))):
+                    chunk = await anext(self._chunks)
+            except StopAsyncIteration:
+                return None
+            except TimeoutError:
+                if left <= self._idle_s:
+                    raise UploadTimeout(f"the upload took longer than {self._total_s:g} s to arrive; send fewer "
+                                        "or smaller files per request", param="files") from None
+                raise UploadTimeout(f"the upload stalled: nothing arrived for {self._idle_s:g} s; send the body "
+                                    "without pauses", param="files") from None
+            if chunk:
+                return chunk
 
 
 class _Form:
     """python-multipart callbacks -> the Upload: text fields kept (bounded), file parts written to
-    the upload's folder. The parser runs on the event loop; file writes queue up and `flush` does
-    them (in a thread). `check_name` runs as soon as the name field is complete, so a bad name is
-    refused before the files are read."""
+    the upload's folder, one file open at a time (closed when its part ends). Part headers are
+    bounded (MAX_PART_HEADERS, MAX_PART_HEADER_BYTES). `feed` parses and writes, blocking: call it
+    in a thread, never on the event loop; it parses FEED_BYTES at a time and stops at the first
+    error. `check_name` runs as soon as the name field is complete, so a bad name is refused before
+    the files are read."""
 
     def __init__(self, upload: Upload, options: dict[bytes, bytes], check_name) -> None:
         charset = options.get(b"charset", b"utf-8").decode("latin-1")
@@ -182,50 +229,54 @@ class _Form:
             "on_header_field": self._header_field, "on_header_value": self._header_value,
             "on_header_end": self._header_end, "on_headers_finished": self._headers_finished, "on_end": self._end,
         })
-        self._header_name = b""
-        self._header_value = b""
+        self._lock = threading.Lock()  # feed (a thread) vs close (cleanup after an error or a cancel)
+        self._closed = False
+        self._header_name = bytearray()
+        self._header_value = bytearray()
+        self._header_bytes = 0  # of this part's headers
+        self._headers = 0
         self._disposition = b""
         self._field: str | None = None
         self._text: bytearray | None = None  # a text part being read
-        self._file: Path | None = None  # a file part being written
-        self._open: dict[Path, BinaryIO] = {}
-        self._writes: list[tuple[Path, bytes]] = []
+        self._file: BinaryIO | None = None  # the file part being written
         self._names: set[str] = set()
         self._error: BaseException | None = None
         self._ended = False
 
-    # -- driving -------------------------------------------------------------------------------------
+    # -- driving (blocking: in a thread) ---------------------------------------------------------------
 
     def feed(self, chunk: bytes) -> None:
-        try:
-            self._parser.write(chunk)
-        except FormParserError:
-            raise BadUpload("the multipart body is malformed; send it as multipart/form-data (curl -F does)",
-                            code="invalid_multipart") from None
-        if self._error is not None:
-            raise self._error
+        with self._lock:
+            if self._closed:
+                return
+            view = memoryview(chunk)
+            for at in range(0, len(view), FEED_BYTES):
+                try:
+                    self._parser.write(bytes(view[at:at + FEED_BYTES]))
+                except FormParserError:
+                    raise BadUpload("the multipart body is malformed; send it as multipart/form-data (curl -F "
+                                    "does)", code="invalid_multipart") from None
+                if self._error is not None:
+                    raise self._error
 
     def finish(self) -> None:
-        self._parser.finalize()
-        if self._error is not None:
-            raise self._error
-        if not self._ended:
-            raise BadUpload("the multipart body ended before its closing boundary; send the whole form",
-                            code="invalid_multipart")
-
-    def flush(self) -> None:
-        """Write the queued file data (blocking: call it in a thread)."""
-        writes, self._writes = self._writes, []
-        for path, data in writes:
-            handle = self._open.get(path)
-            if handle is None:
-                handle = self._open[path] = open(path, "wb")  # noqa: SIM115 (closed by close())
-            handle.write(data)
+        with self._lock:
+            self._parser.finalize()
+            if self._error is not None:
+                raise self._error
+            if not self._ended:
+                raise BadUpload("the multipart body ended before its closing boundary; send the whole form",
+                                code="invalid_multipart")
 
     def close(self) -> None:
-        for handle in self._open.values():
-            handle.close()
-        self._open.clear()
+        with self._lock:
+            self._closed = True
+            self._close_file()
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     # -- callbacks (errors are kept and raised by feed, so the parser never sees them) ---------------
 
@@ -234,18 +285,37 @@ class _Form:
             self._error = exc
 
     def _part_begin(self) -> None:
-        self._disposition, self._field, self._text, self._file = b"", None, None, None
+        self._disposition, self._field, self._text = b"", None, None
+        self._header_bytes = self._headers = 0
 
     def _header_field(self, data: bytes, start: int, end: int) -> None:
-        self._header_name += data[start:end]
+        self._header_part(self._header_name, data, start, end)
 
     def _header_value(self, data: bytes, start: int, end: int) -> None:
-        self._header_value += data[start:end]
+        self._header_part(self._header_value, data, start, end)
+
+    def _header_part(self, into: bytearray, data: bytes, start: int, end: int) -> None:
+        if self._error is not None:
+            return
+        self._header_bytes += end - start
+        if self._header_bytes > MAX_PART_HEADER_BYTES:
+            self._fail(BadUpload(f"a part of the form has over {MAX_PART_HEADER_BYTES} bytes of headers; a part "
+                                 "needs only Content-Disposition and Content-Type", code="headers_too_large"))
+            return
+        into += data[start:end]
 
     def _header_end(self) -> None:
+        if self._error is not None:
+            return
+        self._headers += 1
+        if self._headers > MAX_PART_HEADERS:
+            self._fail(BadUpload(f"a part of the form has over {MAX_PART_HEADERS} headers; a part needs only "
+                                 "Content-Disposition and Content-Type", code="headers_too_large"))
+            return
         if self._header_name.lower() == b"content-disposition":
-            self._disposition = self._header_value
-        self._header_name, self._header_value = b"", b""
+            self._disposition = bytes(self._header_value)
+        self._header_name.clear()
+        self._header_value.clear()
 
     def _headers_finished(self) -> None:
         if self._error is not None:
@@ -269,9 +339,11 @@ class _Form:
             self._fail(_unknown_or_misplaced(name, file=True))
             return
         try:
-            self._file = self._place(name, filename.decode(self._charset, errors="replace"))
+            path = self._place(name, filename.decode(self._charset, errors="replace"))
         except BadUpload as exc:
             self._fail(exc)
+            return
+        self._file = open(path, "wb")  # noqa: SIM115 (closed at the part's end, or by close())
 
     def _place(self, field: str, filename: str) -> Path:
         """Where a file part goes in the upload folder (and which list it joins)."""
@@ -301,7 +373,7 @@ class _Form:
         if self._error is not None:
             return
         if self._file is not None:
-            self._writes.append((self._file, data[start:end]))
+            self._file.write(data[start:end])
         elif self._text is not None:
             if len(self._text) + end - start > MAX_FIELD_BYTES:
                 self._fail(BadUpload(f"form field {self._field!r} is over {MAX_FIELD_BYTES} bytes; send long "
@@ -310,12 +382,8 @@ class _Form:
             self._text += data[start:end]
 
     def _part_end(self) -> None:
-        if self._error is not None:
-            return
-        if self._file is not None:
-            self._writes.append((self._file, b""))  # an empty file still exists
-            return
-        if self._text is None:
+        self._close_file()
+        if self._error is not None or self._text is None:
             return
         text = self._text.decode(self._charset, errors="replace")
         upload = self.upload
@@ -331,7 +399,7 @@ class _Form:
                 self._fail(BadUpload("send one transcripts manifest", code="transcripts", param="transcripts"))
                 return
             upload.transcripts = upload.folder / "transcripts.txt"
-            self._writes.append((upload.transcripts, text.encode("utf-8")))
+            upload.transcripts.write_text(text, encoding="utf-8")
 
     def _end(self) -> None:
         self._ended = True

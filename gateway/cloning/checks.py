@@ -3,9 +3,7 @@ ingest checks, transcripts): a bad upload is a clear 400 in seconds, not a faile
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
-from dataclasses import field
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final
 
@@ -23,6 +21,7 @@ __all__ = ["MAX_CONSENT_CHARS", "SIDECAR_SUFFIX", "TRANSCRIPT_SUFFIXES", "check_
 MAX_CONSENT_CHARS: Final = 4096  # what the tenant layer stores
 TRANSCRIPT_SUFFIXES: Final = (".json", ".csv", ".tsv", ".txt")
 SIDECAR_SUFFIX: Final = ".txt"
+Check = Callable[[], None]  # called between decoded blocks; raises to stop the checks there
 
 
 def check_name(tenant: Tenant, name: str | None, base_voices: Iterable[str]) -> str:
@@ -49,15 +48,19 @@ def check_consent(consent: str | None) -> str:
     return consent
 
 
-def check_uploads(upload: Upload, data: DataParams, *, asr: bool) -> float:
+def check_uploads(upload: Upload, data: DataParams, *, asr: bool, check: Check | None = None) -> float:
     """lora_training's own checks on the files, quickly and before anything is queued: every audio file
     decodes, has a usable sample rate, is not clipped or near-silent and holds speech; the speech in
     all of them is within `data`'s bounds; the transcripts parse and match the files (every file has
-    one unless the trainers run ASR). Blocking (decoding): run it in a thread. Returns the seconds
-    of speech found; raises BadUpload with lora_training's message."""
+    one unless the trainers run ASR). The audio of the whole upload is capped at `max_audio_s(data)`
+    seconds: refused from the headers when they declare more, else the moment decoding passes it;
+    each file is streamed, keeping only its 10 ms levels. Blocking (decoding): run it on the
+    gateway's DecodePool, which passes `check` (called between blocks; it raises to stop). Returns
+    the seconds of speech found; raises BadUpload with lora_training's message."""
     from lora_training import transcripts as transcript_io
-    from lora_training.ingest import check_speech_total, ingest
-    from lora_training.segment import speech_regions
+    from lora_training.errors import AudioTooLong
+    from lora_training.ingest import check_speech_total, inspect, max_audio_s
+    from lora_training.segment import active_frames, regions_of
 
     if not upload.audio:
         raise BadUpload("no audio was uploaded: send the recordings as form field 'files' (one or more)",
@@ -76,14 +79,16 @@ def check_uploads(upload: Upload, data: DataParams, *, asr: bool) -> float:
                 f"{' and more' if len(matched.missing) > 5 else ''}. Send 'transcripts': a JSON manifest "
                 '({"take1.wav": "what is said"}), a CSV (audio,text), or send take1.txt beside take1.wav '
                 "among the files")
-        _check_declared_length(upload.audio, data)
+        budget_s = max_audio_s(data)
+        _check_declared_length(upload.audio, budget_s, data)
         speech_s = audio_s = 0.0
         for path in upload.audio:
-            recording = ingest(path, data)
-            audio_s += recording.duration_s
-            if audio_s > data.max_speech_s * 1.5:
-                raise _too_long(audio_s, data)
-            regions = speech_regions(recording.audio, data)
+            try:
+                seen = inspect(path, data, max_s=budget_s - audio_s, check=check)
+            except AudioTooLong as err:  # this file passed what the upload has left
+                raise _too_long(audio_s + err.audio_s, data) from None
+            audio_s += seen.duration_s
+            regions = regions_of(active_frames(seen.levels), seen.samples, data)
             if not regions:
                 raise _no_speech(path.name)
             speech_s += sum(end - start for start, end in regions) / SAMPLE_RATE
@@ -94,26 +99,23 @@ def check_uploads(upload: Upload, data: DataParams, *, asr: bool) -> float:
     return speech_s
 
 
-def _check_declared_length(paths: list[Path], data: DataParams) -> None:
-    """Refuse, from the file headers alone, uploads that would decode to far more audio than a voice
-    may use (a small compressed file can hold hours of silence; decoding it would fill memory)."""
-    import soundfile as sf
+def _check_declared_length(paths: list[Path], budget_s: float, data: DataParams) -> None:
+    """Refuse, from the file headers alone, uploads that would decode to more audio than a voice may
+    use (a small compressed file can hold hours of silence), before any file is decoded."""
+    from lora_training.ingest import declared_duration_s
 
-    total = 0.0
-    for path in paths:
-        try:
-            total += sf.info(str(path)).duration
-        except Exception:  # not a libsndfile format (m4a...) or unreadable: decoding will say
-            continue
-    if total > data.max_speech_s * 1.5:
+    total = sum(declared_duration_s(path) or 0.0 for path in paths)  # a file that declares nothing: decoding caps it
+    if total > budget_s:
         raise _too_long(total, data)
 
 
 def _too_long(audio_s: float, data: DataParams) -> InputError:
-    from lora_training.errors import SpeechAmountError
+    from lora_training.errors import AudioTooLong
+    from lora_training.ingest import max_audio_s
 
-    return SpeechAmountError(f"the uploads hold over {audio_s / 60:.0f} minutes of audio; the limit is "
-                             f"{data.max_speech_s / 60:.0f} minutes of speech: upload fewer files")
+    return AudioTooLong(f"the uploads hold over {audio_s / 60:.0f} minutes of audio; the limit is "
+                        f"{data.max_speech_s / 60:.0f} minutes of speech ({max_audio_s(data):.0f} s of audio per "
+                        "upload, pauses included): upload fewer or shorter files", audio_s)
 
 
 def _no_speech(name: str) -> InputError:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Literal
 
-__all__ = ["BadUpload", "CloneError", "CloneUnavailable", "NotDeletable", "UploadTooLarge"]
+__all__ = ["BadUpload", "CloneError", "CloneUnavailable", "DecodesBusy", "NotDeletable", "UploadTimeout",
+           "UploadTooLarge"]
 
 
 class CloneError(Exception):
@@ -34,6 +36,25 @@ class UploadTooLarge(CloneError):
                          "send fewer or shorter files (about 10 minutes of speech is enough), or compress them "
                          "(flac, mp3, ogg/opus)", param="files")
         self.limit = limit
+
+
+class UploadTimeout(CloneError):
+    """The body stalled (nothing for `idle_s`) or took longer than `total_s` in all; HTTP 408."""
+
+    code = "request_timeout"
+
+
+class DecodesBusy(CloneError):
+    """Every upload decode the gateway runs at once is taken (`scope` "gateway": HTTP 503), or every one
+    a tenant may run (`scope` "tenant": HTTP 429); retry after `retry_after_s`."""
+
+    code = "decodes_busy"
+
+    def __init__(self, message: str, *, scope: Literal["gateway", "tenant"], retry_after_s: float) -> None:
+        super().__init__(message, code="decodes_busy" if scope == "gateway" else "decodes_limit_exceeded",
+                         param="files")
+        self.scope = scope
+        self.retry_after_s = retry_after_s
 
 
 class NotDeletable(CloneError):

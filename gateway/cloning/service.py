@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from gateway.cloning.checks import check_consent, check_name, check_uploads
-from gateway.cloning.errors import CloneUnavailable, NotDeletable
+from gateway.cloning.errors import BadUpload, CloneUnavailable, NotDeletable
 from gateway.cloning.records import CloneIndex, CloneRecord
 from gateway.cloning.uploads import Upload, UploadArea, remove_adapter
 from gateway.cloning.views import VoiceView, base_view, clone_view
@@ -51,28 +51,32 @@ class Cloning:
             raise CloneUnavailable(f"the training queue is unreachable ({err.message}); try again shortly") from None
 
     async def create(self, tenant: Tenant, upload: Upload) -> VoiceView:
-        """Check a received upload, register the voice and queue its training job. On any error the
-        upload and everything registered for it are removed again."""
+        """Check a received upload, register the voice and queue its training job, cheapest step first:
+        name and consent; the voice registered (its name free and within max_voices, one atomic step);
+        a free training slot (max_training_jobs, checked); only then the files decoded, on the
+        gateway's bounded DecodePool; then the slot taken (atomically: a racing upload that took the
+        last one meanwhile is refused here) and the job queued. On any error the upload and every
+        step before it are undone."""
         gw = self.gateway
+        job_id = f"clone-{secrets.token_hex(6)}"
+        undo: list[Callable[[], Awaitable[object]]] = []
         try:
             name = check_name(tenant, upload.name, self.base_voices)
             consent = check_consent(upload.consent)
-            await asyncio.to_thread(check_uploads, upload, self.settings.clone_data, asr=self.settings.clone_asr)
-            job_id = f"clone-{secrets.token_hex(6)}"
             voice = await gw.tenants.register_voice(tenant, name, consent=consent, job_id=job_id, state="training",
                                                     note="queued for training")
-        except BaseException:
-            await asyncio.to_thread(self.uploads.discard, upload)
-            raise
-        undo: list[Callable[[], Awaitable[object]]] = [lambda: gw.tenants.delete_voice(tenant, name)]
-        try:
+            undo.append(lambda: self._unregister(tenant, name, job_id))
+            await gw.quotas.check_training_slot(tenant)
+            data, asr = self.settings.clone_data, self.settings.clone_asr
+            await gw.decodes.run(tenant.id, lambda check: check_uploads(upload, data, asr=asr, check=check))
+            await self._still_registered(tenant, name, job_id)
+            # taken only now: a gateway that dies while the files decode leaves no slot held
             await gw.quotas.acquire_training_slot(tenant, job_id)
             undo.append(lambda: gw.quotas.release_training_slot(tenant, job_id))
             kept = await asyncio.to_thread(self.uploads.keep, upload, tenant.id, name, job_id)
             undo.append(lambda: asyncio.to_thread(shutil.rmtree, kept.folder, True))
             spec = JobSpec(job_id=job_id, name=name, tenant=tenant.id, audio=kept.audio,
-                           transcripts=kept.transcripts, data=self.settings.clone_data,
-                           params=self.settings.clone_params)
+                           transcripts=kept.transcripts, data=data, params=self.settings.clone_params)
             if spec.voice_id != voice.voice_id:  # the trainer publishes spec.voice_id; workers are asked for this one
                 raise RuntimeError(f"job voice id {spec.voice_id!r} != tenant voice id {voice.voice_id!r}")
             # an adapter left at this voice id by a voice deleted mid-publish would fail the job: it is an orphan
@@ -87,10 +91,31 @@ class Cloning:
                 try:
                     await step()
                 except Exception as exc:  # keep undoing; the watcher or a DELETE cleans up what is left
-                    log.warning("undoing a refused clone of tenant %s (%s): %r", tenant.id, name, exc)
+                    log.warning("undoing a refused clone of tenant %s (%s): %r", tenant.id, upload.name, exc)
             raise
         log.info("clone %s of tenant %s queued as job %s", name, tenant.id, job_id)
         return clone_view(voice, status, record)
+
+    async def _still_registered(self, tenant: Tenant, name: str, job_id: str) -> None:
+        """After the checks: the voice is still this upload's, not deleted (or deleted and made again)
+        while its files were decoded."""
+        try:
+            voice = await self.gateway.tenants.voice(tenant, name)
+        except VoiceNotFound:
+            voice = None
+        if voice is None or voice.job_id != job_id:
+            raise BadUpload(f"voice {name!r} was deleted while its uploads were being checked; upload again to "
+                            "make it", code="voice_deleted", param="name")
+
+    async def _unregister(self, tenant: Tenant, name: str, job_id: str) -> None:
+        """Undo this upload's registration, and only this upload's: a DELETE and a new upload of the same
+        name may have come while its files were decoded."""
+        try:
+            voice = await self.gateway.tenants.voice(tenant, name)
+        except VoiceNotFound:
+            return
+        if voice.job_id == job_id:
+            await self.gateway.tenants.delete_voice(tenant, name)
 
     async def describe(self, tenant: Tenant, name: str) -> VoiceView:
         try:
@@ -116,7 +141,9 @@ class Cloning:
 
     async def delete(self, tenant: Tenant, name: str) -> None:
         """Delete the tenant's voice: its job cancelled (a running one stops at its next step), its
-        training slot freed, its adapter out of the store, its placement reset, its uploads gone."""
+        adapter out of the store, its placement reset, its job's uploads gone. Its training slot is
+        freed here only if the job has stopped: a running job keeps it until the clone watcher sees
+        it end (so delete + upload again cannot run more than max_training_jobs at once)."""
         gw = self.gateway
         try:
             voice = await gw.tenants.voice(tenant, name)
@@ -126,18 +153,34 @@ class Cloning:
                                    "deleted", param="name") from None
             raise
         if voice.job_id:
-            record = await asyncio.to_thread(self.index.get, voice.job_id)
-            if record is not None and not record.deleted:
-                await asyncio.to_thread(self.index.update, dataclasses.replace(record, deleted=True))
-            status = await self._queue(gw.jobs.status, voice.job_id)
-            if status is not None and not status.terminal:
-                await self._queue(gw.jobs.cancel, voice.job_id)
-            await gw.quotas.release_training_slot(tenant, voice.job_id)
+            await self._stop_job(tenant, voice)
         await gw.tenants.delete_voice(tenant, name)
         await asyncio.to_thread(remove_adapter, self.settings.voices_dir, voice.voice_id)
         await self._reset_placement(voice.voice_id)
-        await asyncio.to_thread(self.uploads.remove_voice, tenant.id, name)
+        if voice.job_id:  # that job's folder only: an upload of a new voice of this name keeps its own
+            await asyncio.to_thread(self.uploads.remove_job, tenant.id, name, voice.job_id)
         log.info("voice %s of tenant %s deleted (job %s)", name, tenant.id, voice.job_id)
+
+    async def _stop_job(self, tenant: Tenant, voice: TenantVoice) -> None:
+        """Cancel the deleted voice's job and mark its clone record deleted; free its training slot
+        now only if the job has stopped (or never was and never will be), else the watcher frees it
+        when the job ends."""
+        gw, job_id = self.gateway, voice.job_id
+        assert job_id is not None
+        record = await asyncio.to_thread(self.index.get, job_id)
+        if record is not None and not record.deleted:
+            await asyncio.to_thread(self.index.update, dataclasses.replace(record, deleted=True))
+        status = await self._queue(gw.jobs.status, job_id)
+        if status is not None and not status.terminal:
+            status = await self._queue(gw.jobs.cancel, job_id)  # a queued job nobody holds ends right here
+        if status is not None and not status.terminal:
+            if record is None:  # lost or unreadable: the watcher needs one to see the job end
+                await asyncio.to_thread(self.index.put, CloneRecord(job_id, tenant.id, voice.name, voice.voice_id,
+                                                                    voice.created_at, deleted=True))
+            return
+        if status is None and record is not None:
+            return  # not submitted yet (an upload racing this delete): the watcher ends it
+        await gw.quotas.release_training_slot(tenant, job_id)
 
     async def _reset_placement(self, voice_id: str) -> None:
         """Forget the voice's replica counts in the ring (operator floor and automatic count)."""
@@ -155,5 +198,5 @@ class Cloning:
                 if current is not None:
                     await store.swap_auto_replicas(voice_id, current, None)
         except RingError as exc:  # a stale count of a voice nobody can ask for is harmless; say so
-            log.warning("placement of deleted voice %s not reset (%s); `voicering ring scale %s --clear` does it",
+            log.warning("placement of deleted voice %s not reset (%s); `voicering ring scale %s --reset` does it",
                         voice_id, exc, voice_id)

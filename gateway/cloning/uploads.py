@@ -1,5 +1,7 @@
 """Upload folders on disk: received under `.incoming/`, moved under the tenant's voice and job
-when the job is submitted, deleted with the voice; and removing a published adapter from the store."""
+when the job is submitted, deleted with the voice (each job's folder apart, so deleting a voice
+never touches the uploads of a new voice of the same name); and reading or removing a published
+adapter in the store."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Final
 
 from gpu_worker.adapters.layout import METADATA, STAGING_DIR
 
-__all__ = ["INCOMING", "STALE_INCOMING_S", "Upload", "UploadArea", "remove_adapter"]
+__all__ = ["INCOMING", "STALE_INCOMING_S", "Upload", "UploadArea", "published_adapter", "remove_adapter"]
 
 
 INCOMING: Final = ".incoming"  # uploads being received: never a tenant id (those start with "t_")
@@ -56,8 +58,14 @@ class UploadArea:
     def keep(self, upload: Upload, tenant_id: str, name: str, job_id: str) -> Upload:
         """Move a checked upload to its voice's folder (one rename); the returned Upload points there."""
         target = self.voice_dir(tenant_id, name) / job_id
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(upload.folder, target)
+        for attempt in range(_KEEP_ATTEMPTS):  # a concurrent delete may remove the empty parents meanwhile
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(upload.folder, target)
+                break
+            except FileNotFoundError:
+                if attempt == _KEEP_ATTEMPTS - 1 or not upload.folder.is_dir():
+                    raise
 
         def moved(path: Path) -> Path:
             return target / path.relative_to(upload.folder)
@@ -68,16 +76,23 @@ class UploadArea:
     def discard(self, upload: Upload) -> None:
         shutil.rmtree(upload.folder, ignore_errors=True)
 
-    def remove_voice(self, tenant_id: str, name: str) -> None:
-        """Delete every upload of the tenant's voice `name`."""
-        folder = self.voice_dir(tenant_id, name)
-        if folder.exists():
-            shutil.rmtree(folder)
-        with_tenant = self.root / tenant_id
-        try:
-            with_tenant.rmdir()  # only when empty
-        except OSError:
-            pass
+    def job_dir(self, tenant_id: str, name: str, job_id: str) -> Path:
+        return self.voice_dir(tenant_id, name) / job_id
+
+    def remove_job(self, tenant_id: str, name: str, job_id: str) -> bool:
+        """Delete the uploads job `job_id` of the tenant's voice `name` trained from, and the voice's
+        and tenant's folders once empty. Only that job's folder: a new voice of the same name (an
+        upload racing the delete) keeps its own. True if there was a folder."""
+        folder = self.job_dir(tenant_id, name, job_id)
+        existed = folder.exists()
+        if existed:
+            shutil.rmtree(folder, ignore_errors=True)
+        for parent in (folder.parent, folder.parent.parent):
+            try:
+                parent.rmdir()  # only when empty
+            except OSError:
+                break
+        return existed
 
     def sweep(self, older_than_s: float = STALE_INCOMING_S) -> int:
         """Remove incoming folders left by a gateway that stopped mid-upload; returns how many."""
@@ -94,6 +109,27 @@ class UploadArea:
             except FileNotFoundError:
                 continue
         return removed
+
+
+_KEEP_ATTEMPTS: Final = 3
+_ANY_RANK: Final = 1 << 20  # structure only: the trainer checked the rank against the workers' max_lora_rank
+
+
+def published_adapter(store: Path, voice_id: str, job_id: str) -> bool:
+    """Whether `<store>/<voice id>` is an adapter job `job_id` published (its voicering.json says so)
+    that still passes the serving stack's file checks (config, safetensors header, targets), so a
+    worker can load it on demand. Reads a few KB, no weights."""
+    from gpu_worker.adapters.validation import validate_adapter
+    from gpu_worker.errors import AdapterError
+
+    path = Path(store) / voice_id
+    try:
+        if json.loads((path / METADATA).read_text()).get("job_id") != job_id:
+            return False
+        validate_adapter(path, voice_id=voice_id, max_rank=_ANY_RANK)
+    except (OSError, ValueError, AttributeError, AdapterError):
+        return False
+    return True
 
 
 def remove_adapter(store: Path, voice_id: str, *, job_id: str | None = None) -> bool:

@@ -1,6 +1,14 @@
 """The `CloneWatcher` task: a published voice is prewarmed on every owner (`Prewarmer`, the workers'
-`/prewarm`) before it is `ready`; failed or cancelled jobs fail the voice with the reason; then the
-training slot is released and the training minutes metered, once."""
+`/prewarm`) before it is `ready`; failed or cancelled jobs fail the voice with a reason for the
+tenant; then the training slot is released and the training minutes metered, once.
+
+It also reconciles what the trainers left undone: a job that stopped without an outcome (no
+trainer holds it, none owes it: `JobQueue.reconcile`) is ended, `ready` if it published its
+adapter, else `failed` (`cancelled` for a deleted voice); a voice still warming
+`clone_warming_deadline_s` after its job was ready is made `ready` anyway when its adapter is
+published and passes the serving checks (workers load a voice on its first request; prewarming
+only saves that request the load), else failed. A deleted voice's job keeps its training slot
+until the job has stopped; then its adapter and uploads go and the slot is freed."""
 
 from __future__ import annotations
 
@@ -16,8 +24,8 @@ import httpx
 
 from gateway.cloning.records import CloneRecord
 from gateway.cloning.service import Cloning
-from gateway.cloning.uploads import remove_adapter
-from gateway.cloning.views import SUBMIT_GRACE_S
+from gateway.cloning.uploads import published_adapter, remove_adapter
+from gateway.cloning.views import JOB_GONE_REASON, LOAD_FAILED_REASON, SUBMIT_GRACE_S, failure_reason
 from gateway.tenants import Tenant, TenantError, TenantNotFound, TenantVoice, VoiceNotFound
 from hashring.errors import EmptyRing, RingError
 from hashring.records import WorkerInfo
@@ -29,12 +37,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CloneWatcher", "POLL_S", "PREWARM_ATTEMPTS", "PREWARM_TIMEOUT_S", "Prewarmer", "WarmFailed", "training_minutes"]
+__all__ = ["CloneWatcher", "POLL_S", "PREWARM_ATTEMPTS", "PREWARM_TIMEOUT_S", "Prewarmer", "RECONCILE_IDLE_S",
+           "WARMING_NOTE", "WarmFailed", "training_minutes"]
 
 
 POLL_S: Final = 0.5  # how often the watcher looks at the clones in flight
 PREWARM_TIMEOUT_S: Final = 5.0  # one HTTP call to a worker's /prewarm
 PREWARM_ATTEMPTS: Final = 3  # a worker that reports it cannot load the voice this often: the voice fails
+RECONCILE_IDLE_S: Final = 30.0  # a job not updated this long is checked for being an orphan (one script)
+WARMING_NOTE: Final = "published; warming up on its workers"
 
 
 class WarmFailed(Exception):
@@ -55,8 +66,10 @@ class Prewarmer:
         self._failures: dict[str, int] = {}
 
     async def warm(self, voice_id: str) -> tuple[bool, str]:
-        """(True, "") once every owner reports the voice ready; (False, what it waits for) before.
-        Raises WarmFailed when a worker keeps reporting that it cannot load the voice."""
+        """(True, "") once every owner reports the voice ready; (False, what it waits for) before,
+        an owner that cannot be reached or answers garbage counting as not ready yet (the
+        watcher's warming deadline bounds the wait). Raises WarmFailed when a worker keeps
+        reporting that it cannot load the voice."""
         try:
             owners = self._router.owners(voice_id)
         except EmptyRing:
@@ -64,7 +77,10 @@ class Prewarmer:
         ops = self._ops.setdefault(voice_id, {})
         waiting: list[str] = []
         for info in owners:
-            outcome, detail = await self._owner(voice_id, info, ops)
+            try:
+                outcome, detail = await self._owner(voice_id, info, ops)
+            except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # down, refusing, or a garbled answer
+                outcome, detail = "pending", f"unreachable or refusing: {type(exc).__name__}"
             if outcome == "ready":
                 continue
             if outcome == "failed":
@@ -116,17 +132,20 @@ class CloneWatcher:
     `async with CloneWatcher(gateway):` starts it; leaving cancels and awaits it. Each round reads
     the clones hash and advances each clone one step (`advance`); a failure of Redis, the queue or
     a worker is logged and the round goes on (the next round retries), so the task lives through
-    Redis blips. An unexpected error of one clone is logged with its traceback, and the others go on.
+    Redis blips. An unexpected error of one clone, or a malformed record, is logged and the others
+    go on; nothing a round meets ends the task.
     """
 
     def __init__(self, gateway: Gateway, *, poll_s: float = POLL_S) -> None:
         self.gateway = gateway
         self.cloning = Cloning(gateway)
         self.poll_s = poll_s
+        self.warming_deadline_s = gateway.settings.clone_warming_deadline_s
         self.rounds = 0  # rounds completed (a round that met a failure counts too)
         self._client: httpx.AsyncClient | None = None
         self._prewarmer: Prewarmer | None = None
         self._task: asyncio.Task | None = None
+        self._warm_detail: dict[str, str] = {}  # voice id -> what its warming waits for (logged on change)
 
     async def __aenter__(self) -> CloneWatcher:
         self._client = httpx.AsyncClient(timeout=PREWARM_TIMEOUT_S)
@@ -154,7 +173,11 @@ class CloneWatcher:
 
     async def _run(self) -> None:
         while True:
-            await self.tick()
+            try:
+                await self.tick()
+            except Exception:  # tick handles what it expects; anything else must not end the watcher
+                log.exception("clone watcher: a round failed unexpectedly; carrying on")
+                self.rounds += 1
             await asyncio.sleep(self.poll_s)
 
     async def tick(self) -> None:
@@ -197,56 +220,109 @@ class CloneWatcher:
             await asyncio.to_thread(index.update, record)
         if status is None:
             if time.time() - record.submitted_at > SUBMIT_GRACE_S:
-                await self._settle(tenant, record, None, "failed", "its training job is gone from the queue; "
-                                   "delete the voice and upload again")
+                await self._settle(tenant, record, None, "failed", JOB_GONE_REASON)
             return
+        status = await self._reconciled(record, status)
         if status.state == "ready":
             await self._warm(tenant, voice, record, status)
-        elif status.state == "failed":
-            await self._settle(tenant, record, status, "failed", status.error or status.message or "training failed")
-        elif status.state == "cancelled":
-            await self._settle(tenant, record, status, "failed", "its training job was cancelled (by an operator); "
-                               "delete the voice and upload again")
+        elif status.state in ("failed", "cancelled"):
+            await self._settle(tenant, record, status, "failed", failure_reason(status))
+
+    async def _reconciled(self, record: CloneRecord, status: JobStatus) -> JobStatus:
+        """The job's status, after ending it if it is an orphan (stopped without an outcome, nobody
+        holding or owing it): `ready` when it published its adapter, else `failed`; `cancelled` for
+        a deleted voice. The check is one script that leaves a live job alone, so it is safe at any
+        time; a live voice's job updated lately is not even checked (a deleted one's is, each round:
+        the delete's cancel itself updates it)."""
+        if status.terminal or (not record.deleted and time.time() - status.updated_at < RECONCILE_IDLE_S):
+            return status
+        gw = self.gateway
+        if record.deleted:
+            outcome = dict(state="cancelled", message="its voice was deleted; the job had stopped without an outcome")
+        elif await asyncio.to_thread(published_adapter, gw.settings.voices_dir, record.voice_id, record.job_id):
+            outcome = dict(state="ready", message="published; the trainer stopped before recording it")
+        else:
+            outcome = dict(state="failed", error_code="orphaned",
+                           message="the job stopped without an outcome (no trainer holds or owes it)",
+                           error=f"stopped in state {status.state!r} without an outcome; ended by the gateway")
+        state = outcome.pop("state")
+        after = await asyncio.to_thread(lambda: gw.jobs.reconcile(record.job_id, state, **outcome))
+        if after is None:
+            return status
+        if after.state != status.state:
+            log.warning("clone %s: job %s had stopped in state %s without an outcome; ended as %s", record.voice_id,
+                        record.job_id, status.state, after.state)
+        return after
 
     async def _warm(self, tenant: Tenant, voice: TenantVoice, record: CloneRecord, status: JobStatus) -> None:
         assert self._prewarmer is not None
         if voice.state == "training":
-            await self.gateway.tenants.update_voice(tenant, record.name, state="warming",
-                                                    note="published; warming up on its workers")
+            await self.gateway.tenants.update_voice(tenant, record.name, state="warming", note=WARMING_NOTE)
+        if record.warming_since is None:
+            record = dataclasses.replace(record, warming_since=time.time())
+            await asyncio.to_thread(self.cloning.index.update, record)
         try:
             done, waiting = await self._prewarmer.warm(record.voice_id)
         except WarmFailed as exc:
-            await self._settle(tenant, record, status, "failed", f"the trained voice could not be loaded: {exc}")
+            log.warning("clone %s failed: a worker cannot load it: %s", record.voice_id, exc)
+            await self._settle(tenant, record, status, "failed", LOAD_FAILED_REASON)
             return
-        if not done:
-            note = f"published; {waiting}"
-            if voice.note != note:
-                log.info("clone %s: %s", record.voice_id, note)
-                await self.gateway.tenants.update_voice(tenant, record.name, note=note)
+        if done:
+            await self._settle(tenant, record, status, "ready", None)
             return
-        await self._settle(tenant, record, status, "ready", None)
+        if self._warm_detail.get(record.voice_id) != waiting:
+            self._warm_detail[record.voice_id] = waiting
+            log.info("clone %s: published; %s", record.voice_id, waiting)
+        warming_s = time.time() - record.warming_since
+        if warming_s < self.warming_deadline_s:
+            return
+        self._prewarmer.forget(record.voice_id)
+        if await asyncio.to_thread(published_adapter, self.gateway.settings.voices_dir, record.voice_id,
+                                   record.job_id):
+            log.warning("clone %s not prewarmed on every owner within %.0f s (%s): ready anyway, its workers load "
+                        "it on its first request", record.voice_id, self.warming_deadline_s, waiting)
+            await self._settle(tenant, record, status, "ready",
+                               f"ready; not prewarmed within {self.warming_deadline_s:.0f} s, its first request "
+                               "loads it")
+        else:
+            log.warning("clone %s failed: still warming after %.0f s and its adapter is missing or unusable in %s",
+                        record.voice_id, self.warming_deadline_s, self.gateway.settings.voices_dir)
+            await self._settle(tenant, record, status, "failed", LOAD_FAILED_REASON)
 
     async def _settle(self, tenant: Tenant, record: CloneRecord, status: JobStatus | None,
                       state: Literal["ready", "failed"], note: str | None) -> None:
         """The voice's final state, then its slot freed, then (once, by whoever drops the record) metered."""
         await self.gateway.tenants.update_voice(tenant, record.name, state=state, note=note)
+        self._warm_detail.pop(record.voice_id, None)
         if state == "failed":
-            log.warning("clone %s failed: %s", record.voice_id, note)
+            log.warning("clone %s (job %s) failed: %s; job error: %s", record.voice_id, record.job_id, note,
+                        (status.error or status.message) if status else "no job")
         else:
             log.info("clone %s is ready", record.voice_id)
         await self._finish(tenant, record, status)
 
     async def _after_delete(self, record: CloneRecord, status: JobStatus | None) -> None:
+        """A deleted voice's clone: its job asked to stop; once it has (or is gone past the submit
+        grace: a racing upload may still be submitting it), its adapter and uploads removed and its
+        training slot freed."""
         gw = self.gateway
-        if status is not None and not status.terminal:
-            if not status.cancel_requested:
-                await asyncio.to_thread(gw.jobs.cancel, record.job_id)
-            return
+        if status is None:
+            if time.time() - record.submitted_at <= SUBMIT_GRACE_S:
+                return
+        elif not status.terminal:
+            if not status.cancel_requested:  # a queued job nobody holds ends right here
+                status = await asyncio.to_thread(gw.jobs.cancel, record.job_id) or status
+            status = await self._reconciled(record, status)
+            if not status.terminal:
+                return
         if await asyncio.to_thread(remove_adapter, gw.settings.voices_dir, record.voice_id, job_id=record.job_id):
             log.info("removed voice %s, published by job %s after its voice was deleted", record.voice_id,
                      record.job_id)
+        if await asyncio.to_thread(self.cloning.uploads.remove_job, record.tenant_id, record.name, record.job_id):
+            log.info("removed the uploads of job %s (voice %s deleted)", record.job_id, record.voice_id)
         if self._prewarmer is not None:
             self._prewarmer.forget(record.voice_id)
+        self._warm_detail.pop(record.voice_id, None)
         try:
             tenant = await gw.tenants.get(record.tenant_id)
         except TenantNotFound:

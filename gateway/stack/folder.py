@@ -2,8 +2,9 @@
 
 The folder holds a lock (flock: released by the kernel when `up` dies, however it dies, so a crash
 never leaves a stale lock), `up.json` (pid, state, URLs: what a second `up`, the demo or a
-script reads) and `tenant.json` (the local tenant's API key, mode 0600: keys are kept in Redis
-only as digests, so this file is the one copy `up` can reuse on its next start).
+script reads), `tenant.json` (the local tenant's API key, mode 0600: keys are kept in Redis
+only as digests, so this file is the one copy `up` can reuse on its next start) and, when `up`
+binds beyond loopback, `cluster-token` (the workers' cluster token, mode 0600, reused likewise).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -68,6 +70,27 @@ class StackFolder:
     @property
     def key_file(self) -> Path:
         return self.path / "tenant.json"
+
+    @property
+    def token_file(self) -> Path:
+        return self.path / "cluster-token"
+
+    def cluster_token(self) -> str:
+        """The folder's cluster token: the one kept from an earlier start, or a new one (0600)."""
+        try:
+            token = self.token_file.read_text().strip()
+            if token:
+                return token
+        except OSError:
+            pass
+        token = secrets.token_urlsafe(32)
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.token_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(token + "\n")
+        tmp.replace(self.token_file)
+        return token
 
     def acquire(self) -> None:
         """Take the folder, or raise `AlreadyRunning` with what the holder wrote about itself."""

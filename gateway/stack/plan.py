@@ -5,10 +5,16 @@ gateway (ring routing), the training worker (its validation samples come from wo
 proxies to the owner) and, when LiveKit settings are in the environment, the agent server. With
 stand-in weights a clone trains a few quick LoRA steps (CPU), unless VOICERING_GATEWAY_CLONE_PARAMS
 says otherwise; with real weights the trainer's defaults apply.
+
+Bound beyond loopback (`--host 0.0.0.0`), anyone who reaches a worker could speak any voice and
+read its metrics: such a plan needs a cluster token (`up` keeps one in the folder, mode 0600),
+given to the workers, the gateway and the agent server. The gateway's metrics server stays on
+127.0.0.1 whatever the host.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -18,7 +24,8 @@ from dataclasses import dataclass
 from gateway.stack.children import ChildSpec
 from gateway.stack.settings import UpSettings
 
-__all__ = ["Models", "PortInUse", "QUICK_CLONE_PARAMS", "StackPlan", "check_ports", "plan_stack"]
+__all__ = ["ExposedWithoutToken", "Models", "PortInUse", "QUICK_CLONE_PARAMS", "StackPlan", "check_ports",
+           "is_loopback", "plan_stack"]
 
 BASE_VOICES = ("tara", "leo")  # the gateway's platform voices; the stand-in speaks them without an adapter
 # A clone the stand-in trains in about a minute on two CPU cores (the trainer's defaults target a GPU).
@@ -34,6 +41,21 @@ class PortInUse(Exception):
         self.port, self.owner = port, owner
 
 
+class ExposedWithoutToken(Exception):
+    """A plan that would open workers beyond loopback without a cluster token (or with a child that
+    cannot send one)."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps every port on this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class Models:
     model: str
@@ -45,6 +67,7 @@ class Models:
 class StackPlan:
     stages: tuple[tuple[ChildSpec, ...], ...]
     gateway_url: str
+    metrics_url: str  # the gateway's internal metrics server
     worker_urls: tuple[str, ...]  # ws://
     worker_ids: tuple[str, ...]
     agent: bool
@@ -58,9 +81,19 @@ def livekit_configured(env: Mapping[str, str]) -> bool:
     return all(env.get(name) or env.get(f"VOICERING_AGENT_{name}") for name in LIVEKIT_ENV)
 
 
-def plan_stack(settings: UpSettings, redis_url: str, models: Models, env: Mapping[str, str] | None = None) -> StackPlan:
+def plan_stack(settings: UpSettings, redis_url: str, models: Models, env: Mapping[str, str] | None = None, *,
+               cluster_token: str | None = None) -> StackPlan:
+    """The children and their commands. `cluster_token` (required when `settings.host` is not
+    loopback, unless the environment sets VOICERING_WORKER_CLUSTER_TOKEN) goes to every child that
+    speaks to the workers (workers, gateway, trainer, agent)."""
     env = os.environ if env is None else env
     host, folder = settings.host, settings.folder.resolve()
+    token = env.get("VOICERING_WORKER_CLUSTER_TOKEN") or cluster_token
+    if not is_loopback(host):
+        if not token:
+            raise ExposedWithoutToken(f"binding {host} opens the workers to the network: they need a cluster token "
+                                      "(voicering up keeps one in its folder) or VOICERING_WORKER_CLUSTER_TOKEN")
+    tokens = _token_env(env, token)
     store, uploads = folder / "voices", folder / "uploads"
     cpu_kv = {} if "VLLM_CPU_KVCACHE_SPACE" in env else {"VLLM_CPU_KVCACHE_SPACE": "1"}
     base_voices = {} if "VOICERING_WORKER_BASE_VOICES" in env else {"VOICERING_WORKER_BASE_VOICES": json.dumps(BASE_VOICES)}
@@ -72,15 +105,18 @@ def plan_stack(settings: UpSettings, redis_url: str, models: Models, env: Mappin
         workers.append(ChildSpec(
             f"worker-{i}", ("worker", "--model", models.model, "--codec", models.codec, "--voices-dir", str(store),
                             "--redis", redis_url, "--worker-id", worker_id, "--host", host, "--port", str(port)),
-            env={**cpu_kv, **base_voices}, health_url=f"http://{host}:{port}/health", ports=(port,),
+            env={**cpu_kv, **base_voices, **tokens["worker"]}, health_url=f"http://{host}:{port}/health", ports=(port,),
             start_timeout_s=settings.start_timeout_s))
     gateway_url = f"http://{host}:{settings.gateway_port}"
+    metrics_port = settings.metrics_port()
     clone = {} if "VOICERING_GATEWAY_CLONE_PARAMS" in env or not models.stand_in else {
         "VOICERING_GATEWAY_CLONE_PARAMS": json.dumps(QUICK_CLONE_PARAMS)}
     front = [ChildSpec(
         "gateway", ("gateway", "--host", host, "--port", str(settings.gateway_port), "--redis", redis_url,
-                    "--voices-dir", str(store), "--uploads-dir", str(uploads)),
-        env=clone, health_url=f"{gateway_url}/health", ports=(settings.gateway_port,), start_timeout_s=120.0,
+                    "--voices-dir", str(store), "--uploads-dir", str(uploads), "--metrics-host", "127.0.0.1",
+                    "--metrics-port", str(metrics_port)),
+        env={**clone, **tokens["gateway"]}, health_url=f"{gateway_url}/health",
+        ports=(settings.gateway_port, metrics_port), start_timeout_s=120.0,
         stop_timeout_s=20.0)]
     if settings.trainer:
         device = {"VOICERING_TRAIN_DEVICE": "cpu"} if models.stand_in and "VOICERING_TRAIN_DEVICE" not in env else {}
@@ -88,15 +124,23 @@ def plan_stack(settings: UpSettings, redis_url: str, models: Models, env: Mappin
             "trainer", ("train-worker", "--redis-url", redis_url, "--model", models.model, "--codec", models.codec,
                         "--store", str(store), "--work-dir", str(folder / "training"), "--worker-url", urls[0],
                         "--consumer", "up-trainer"),
-            env=device, stop_timeout_s=20.0, start_timeout_s=settings.start_timeout_s))
+            env={**device, **tokens["trainer"]}, stop_timeout_s=20.0, start_timeout_s=settings.start_timeout_s))
     agent = livekit_configured(env)
     if agent:
         front.append(ChildSpec(
             "agent", ("agent", "--redis", redis_url, "--voice", settings.agent_voice),
-            env={"VOICERING_AGENT_HTTP_PORT": str(settings.agent_port)},
+            env={"VOICERING_AGENT_HTTP_PORT": str(settings.agent_port), **tokens["agent"]},
             health_url=f"http://{host}:{settings.agent_port}/", ports=(settings.agent_port,), stop_timeout_s=20.0,
             start_timeout_s=120.0))
-    return StackPlan((tuple(workers), tuple(front)), gateway_url, tuple(urls), tuple(ids), agent)
+    return StackPlan((tuple(workers), tuple(front)), gateway_url, f"http://127.0.0.1:{metrics_port}/metrics",
+                     tuple(urls), tuple(ids), agent)
+
+
+def _token_env(env: Mapping[str, str], token: str | None) -> dict[str, dict[str, str]]:
+    """Each child's cluster-token variable, unless the operator's environment sets it already."""
+    names = {"worker": "VOICERING_WORKER_CLUSTER_TOKEN", "gateway": "VOICERING_GATEWAY_CLUSTER_TOKEN",
+             "agent": "VOICERING_AGENT_CLUSTER_TOKEN", "trainer": "VOICERING_TRAIN_CLUSTER_TOKEN"}
+    return {child: {name: token} if token and name not in env else {} for child, name in names.items()}
 
 
 def check_ports(plan: StackPlan, host: str) -> None:

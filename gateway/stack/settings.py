@@ -27,6 +27,8 @@ class UpSettings(BaseSettings):
     stand_in_cache: Path = Field(Path(".cache/stand-in"), description="where stand-in weights are built (once)")
     host: str = Field("127.0.0.1", description="address every child binds")
     gateway_port: int = Field(8000, ge=1, le=65535)
+    gateway_metrics_port: int | None = Field(None, ge=1, le=65535, description="the gateway's internal metrics "
+                                             "server (on 127.0.0.1 whatever `host` is); None: gateway_port + 1")
     worker_port: int = Field(8765, ge=1, le=65535, description="worker i listens on worker_port + i")
     agent_port: int = Field(8081, ge=1, le=65535, description="the LiveKit agent server's health port")
     worker_id_prefix: str = Field("up-worker", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
@@ -42,7 +44,12 @@ class UpSettings(BaseSettings):
     def _ports_fit(self) -> UpSettings:
         if self.worker_port + self.workers - 1 > 65535:
             raise ValueError(f"worker ports {self.worker_port}..{self.worker_port + self.workers - 1} exceed 65535")
+        if self.gateway_metrics_port is None and self.gateway_port == 65535:
+            raise ValueError("the gateway's metrics port (gateway_port + 1) exceeds 65535: set gateway_metrics_port")
         return self
+
+    def metrics_port(self) -> int:
+        return self.gateway_metrics_port or self.gateway_port + 1
 
     def worker_ports(self) -> list[int]:
         return [self.worker_port + i for i in range(self.workers)]

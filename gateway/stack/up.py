@@ -24,7 +24,7 @@ from pathlib import Path
 from gateway.stack.children import Child, ChildFailed, StartInterrupted
 from gateway.stack.folder import AlreadyRunning, StackFolder, UpState
 from gateway.stack.local_tenant import ensure_local_tenant
-from gateway.stack.plan import Models, PortInUse, StackPlan, check_ports, plan_stack
+from gateway.stack.plan import ExposedWithoutToken, Models, PortInUse, StackPlan, check_ports, is_loopback, plan_stack
 from gateway.stack.settings import UpSettings
 from gateway.stack.supervisor import RestartPolicy, Supervisor
 
@@ -99,7 +99,8 @@ async def forget_departed(redis_url: str, worker_ids: tuple[str, ...]) -> list[s
     return stale
 
 
-def _banner(plan: StackPlan, key, created: bool, redis_url: str, settings: UpSettings, models: Models) -> str:
+def _banner(plan: StackPlan, key, created: bool, redis_url: str, settings: UpSettings, models: Models,
+            token: bool = False) -> str:
     lines = [
         "voicering is up" + (" (stand-in weights: audio is noise, not speech)" if models.stand_in else ""),
         f"  web page      {plan.gateway_url}/",
@@ -107,8 +108,12 @@ def _banner(plan: StackPlan, key, created: bool, redis_url: str, settings: UpSet
         f"  API key       {key.api_key}   (tenant '{key.tenant}', {'created' if created else 'reused'}; "
         f"kept in {settings.folder / 'tenant.json'})",
     ]
+    lines += [f"  metrics       {plan.metrics_url}   (the gateway's, internal: 127.0.0.1 only)"]
     lines += [f"  worker {i}      {url}   metrics {url.replace('ws://', 'http://')}/metrics"
               for i, url in enumerate(plan.worker_urls)]
+    if token:
+        lines += [f"  cluster token {settings.folder / 'cluster-token'}   (workers want it as 'Authorization: "
+                  "Bearer', /metrics too)"]
     lines += [f"  Redis         {redis_url}", f"  logs          {settings.logs}/",
               "  LiveKit agent " + ("running" if plan.agent else "off (set LIVEKIT_URL, LIVEKIT_API_KEY, "
                                                                   "LIVEKIT_API_SECRET to run it)"),
@@ -143,12 +148,13 @@ async def _run(settings: UpSettings, folder: StackFolder, interrupt: asyncio.Eve
     # the plan as far as ports and worker ids go (the stand-in's paths are known once it is built)
     named = Models("<stand-in>", "<stand-in>", True) if settings.model is None else \
         Models(settings.model, settings.codec, False)
+    token = None if is_loopback(settings.host) else folder.cluster_token()
     try:
-        planned = plan_stack(settings, redis_url, named)
+        planned = plan_stack(settings, redis_url, named, cluster_token=token)
         check_ports(planned, settings.host)
         if embedded is None:
             await check_worker_ids(redis_url, planned.worker_ids)
-    except (PortInUse, WorkerIdsInUse) as exc:
+    except (PortInUse, WorkerIdsInUse, ExposedWithoutToken) as exc:
         report(f"error: {exc}")
         return EXIT_REFUSED
     except Exception as exc:  # the given Redis cannot be reached
@@ -165,7 +171,7 @@ async def _run(settings: UpSettings, folder: StackFolder, interrupt: asyncio.Eve
         if embedded is not None:
             embedded.start()
             report(f"embedded Redis on {redis_url} (data kept in {settings.folder / 'redis'})")
-        plan = plan_stack(settings, redis_url, models)
+        plan = plan_stack(settings, redis_url, models, cluster_token=token)
         state = UpState(os.getpid(), "starting", plan.gateway_url, list(plan.worker_urls), list(plan.worker_ids),
                         redis_url, settings.tenant, str(folder.key_file), str(settings.logs), plan.agent,
                         models.stand_in)
@@ -180,7 +186,7 @@ async def _run(settings: UpSettings, folder: StackFolder, interrupt: asyncio.Eve
         key, created = await _until(ensure_local_tenant(redis_url, settings.tenant, folder), interrupt)
         state.state = "ready"
         folder.write_state(state)
-        report(_banner(plan, key, created, redis_url, settings, models))
+        report(_banner(plan, key, created, redis_url, settings, models, token is not None))
         failure = await supervisor.watch(interrupt)
         if failure:
             report(f"stopping everything: {failure.splitlines()[0]}")

@@ -148,7 +148,7 @@ async def test_a_clone_trains_becomes_ready_and_speaks(clone_gateway, trainer, w
 
     usage = api.get("/v1/usage").json()
     assert usage["training_minutes"] > 0
-    metrics = httpx.get(f"{clone_gateway.url}/metrics").text
+    metrics = httpx.get(clone_gateway.metrics_url).text
     assert f'voicering_gateway_training_minutes_total{{tenant="{tenant.name}"}}' in metrics
 
     assert api.delete("/v1/voices/nova").status_code == 200

@@ -91,3 +91,28 @@ def test_where_the_flushes_fall_does_not_depend_on_the_chunking():
         pieces = feed_all(SentenceSplitter(min_chars=12), chunks)
         assert "".join(p.text for p in pieces) == text
         assert segments(pieces) == want
+
+
+# Each was quadratic (or worse) with the regex splitter: a lookahead after `[.!?]+` backtracks over
+# the whole run at every position (10k marks then "x": 7 s; 100k: minutes), too-short candidates
+# were re-counted from their start at every newline (10k: 3.7 s), and a held run was re-scanned
+# with that backtracking on every chunk (10k marks one at a time: over 5 minutes).
+# Linear now: 100k characters take milliseconds; the bound is generous for a loaded CI box.
+ADVERSARIAL = {
+    "a run of end marks never proven": (["." * 100_000 + "x"], 0),
+    "newlines too short to speak alone": (["\n" * 100_000], 20),
+    "marks fed one at a time": (["."] * 100_000, 20),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", sorted(ADVERSARIAL))
+def test_adversarial_text_is_split_in_linear_time(case):
+    import time
+
+    chunks, min_chars = ADVERSARIAL[case]
+    began = time.perf_counter()
+    pieces = feed_all(SentenceSplitter(min_chars=min_chars), chunks)
+    elapsed = time.perf_counter() - began
+    assert "".join(p.text for p in pieces) == "".join(chunks)
+    assert elapsed < 5.0, f"{case}: {elapsed:.1f} s for {sum(map(len, chunks))} characters"

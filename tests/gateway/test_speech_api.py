@@ -3,6 +3,7 @@ worker (vLLM engine, stand-in weights), with the official `openai` client, sync 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -70,7 +71,7 @@ def test_server_timing_splits_the_gateway_s_wait_from_the_worker_s(gateway, key)
     admit, worker_ms = float(timing["admit"]), float(timing["worker"])
     assert set(timing) == {"admit", "worker"} and 0 < admit and 0 < worker_ms
     assert admit + worker_ms <= ttfb_ms  # both inside what the client waited for its first byte
-    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    metrics = httpx.get(gateway.metrics_url, timeout=10).text  # the internal metrics server
     assert re.search(r'voicering_gateway_requests_total\{route="/v1/audio/speech",status="200"\} [1-9]', metrics)
 
 
@@ -94,6 +95,8 @@ def test_sse_events_carry_base64_audio_then_usage(gateway, key):
     audio = b"".join(base64.b64decode(e["audio"]) for e in deltas)
     assert len(audio) == 2 * 2048 * 2
     assert done["type"] == "speech.audio.done" and done["usage"]["output_tokens"] == 15
+    # OpenAI's three token fields (input: the workers report no prompt tokens), voicering's seconds beside
+    assert done["usage"]["input_tokens"] == 0 and done["usage"]["total_tokens"] == 15
     assert done["usage"]["audio_seconds"] == pytest.approx(2 * FRAME_S, abs=0.001)
     # the session worker is alone in the gateway's ring: it owns every voice and speaks it itself
     assert (done["served_by"], done["proxied"]) == (response.headers["x-voicering-worker"], False)
@@ -107,6 +110,29 @@ def test_speed_changes_duration_not_pitch_range(gateway, key):
     fast = api.audio.speech.create(model="tts-1", voice="tara", input="Fast.", response_format="pcm", speed=2.0,
                                    extra_body={"seed": 3, "max_tokens": 50})
     assert len(fast.content) == pytest.approx(len(normal.content) / 2, rel=0.1)
+
+
+async def test_speed_does_not_change_what_is_billed(gateway, new_tenant):
+    """Billed is the audio the worker generated, before the time-stretch: speed 4 bills the same
+    seconds as speed 1, not a quarter of them."""
+    _, key = await new_tenant()
+    api = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0)
+    fast = await api.audio.speech.create(model="tts-1", voice="tara", input="Fast.", response_format="pcm",
+                                         speed=4.0, extra_body={"seed": 3, "max_tokens": 7 * 7 + 1})
+    sent_s = len(fast.content) / 48000
+    assert sent_s > 0
+    async with httpx.AsyncClient(timeout=30) as http:
+        for _ in range(50):
+            usage = (await http.get(f"{gateway.url}/v1/usage", headers={"Authorization": f"Bearer {key}"})).json()
+            if usage["requests"]:
+                break
+            await asyncio.sleep(0.1)
+    assert usage["requests"] == 1 and usage["audio_seconds"] == pytest.approx(4 * sent_s, rel=0.15)
+
+
+def test_public_port_serves_no_metrics(gateway):
+    assert httpx.get(f"{gateway.url}/metrics", timeout=10).status_code == 404
+    assert httpx.get(gateway.metrics_url, timeout=10).status_code == 200
 
 
 @pytest.mark.parametrize(("body", "param"), [

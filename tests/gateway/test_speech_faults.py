@@ -100,7 +100,7 @@ async def test_metrics_count_requests_by_route_and_status(gateway, new_tenant):
     async with httpx.AsyncClient(timeout=60) as http:
         await http.post(f"{gateway.url}/v1/audio/speech", headers=auth(key), json={**LONG, "max_tokens": 15})
         await http.post(f"{gateway.url}/v1/audio/speech", headers=auth("vr_nope"), json=LONG)
-        text = (await http.get(f"{gateway.url}/metrics")).text
+        text = (await http.get(gateway.metrics_url)).text  # the internal metrics server
     assert 'voicering_gateway_requests_total{route="/v1/audio/speech",status="200"}' in text
     assert 'voicering_gateway_requests_total{route="/v1/audio/speech",status="401"}' in text
     assert 'voicering_gateway_ttfb_seconds_count{format="pcm",route="speech"}' in text

@@ -26,7 +26,7 @@ import pytest
 
 from gateway.stack.folder import AlreadyRunning, StackFolder
 from gateway.stack.local_tenant import ensure_local_tenant
-from gateway.stack.plan import QUICK_CLONE_PARAMS, Models, PortInUse, check_ports, plan_stack
+from gateway.stack.plan import QUICK_CLONE_PARAMS, ExposedWithoutToken, Models, PortInUse, check_ports, plan_stack
 from gateway.stack.settings import UpSettings
 from hashring.embedded import EmbeddedRedis
 from tests.fixtures.models import REPO, STAND_IN_CACHE
@@ -126,9 +126,36 @@ def test_stand_in_plan_trains_quick_clones_on_cpu_and_livekit_settings_add_the_a
     assert "VOICERING_WORKER_BASE_VOICES" not in plan.stages[0][0].env
 
 
+def test_beyond_loopback_every_child_that_speaks_to_workers_gets_one_cluster_token(tmp_path):
+    settings = UpSettings(folder=tmp_path, workers=2, host="0.0.0.0", trainer=False)
+    env = {"LIVEKIT_URL": "ws://lk:7880", "LIVEKIT_API_KEY": "k", "LIVEKIT_API_SECRET": "s"}
+    token = StackFolder(tmp_path).cluster_token()
+    assert (tmp_path / "cluster-token").stat().st_mode & 0o777 == 0o600
+    assert StackFolder(tmp_path).cluster_token() == token  # kept for the next start, like the key
+    plan = plan_stack(settings, "redis://x:1/0", Models("m", "c", True), env=env, cluster_token=token)
+    (w0, w1), (gateway, agent) = plan.stages
+    assert w0.env["VOICERING_WORKER_CLUSTER_TOKEN"] == w1.env["VOICERING_WORKER_CLUSTER_TOKEN"] == token
+    assert gateway.env["VOICERING_GATEWAY_CLUSTER_TOKEN"] == token
+    assert agent.env["VOICERING_AGENT_CLUSTER_TOKEN"] == token
+    # the gateway's metrics stay on loopback whatever the host
+    args = dict(zip(gateway.args[1::2], gateway.args[2::2], strict=False))
+    assert args["--metrics-host"] == "127.0.0.1" and plan.metrics_url.startswith("http://127.0.0.1:")
+    # without a token such a plan is refused
+    with pytest.raises(ExposedWithoutToken, match="cluster token"):
+        plan_stack(settings, "redis://x:1/0", Models("m", "c", True), env={})
+    # the trainer sends it too, with its validation sample to the first worker
+    with_trainer = plan_stack(UpSettings(folder=tmp_path, host="0.0.0.0"), "redis://x:1/0", Models("m", "c", True),
+                              env={}, cluster_token=token)
+    trainer = next(spec for spec in with_trainer.specs if spec.name == "trainer")
+    assert trainer.env["VOICERING_TRAIN_CLUSTER_TOKEN"] == token
+    # on loopback nothing changes: no token anywhere
+    local = plan_stack(UpSettings(folder=tmp_path), "redis://x:1/0", Models("m", "c", True), env={})
+    assert not any("CLUSTER_TOKEN" in name for spec in local.specs for name in spec.env)
+
+
 def test_a_port_in_use_is_named_with_the_child_that_needs_it(tmp_path):
     first = free_ports(2)
-    plan = plan_stack(UpSettings(folder=tmp_path, workers=2, worker_port=first, gateway_port=free_ports(1)),
+    plan = plan_stack(UpSettings(folder=tmp_path, workers=2, worker_port=first, gateway_port=free_ports(2)),
                       "redis://x:1/0", Models("m", "c", True), env={})
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", first + 1))
@@ -190,7 +217,7 @@ async def test_up_on_a_shared_redis_refuses_worker_ids_another_stack_is_using(re
             Heartbeat(store, WorkerInfo(f"{prefix}-1", "ws://elsewhere:1", "ws://elsewhere:1")):
         done = await asyncio.to_thread(subprocess.run, up_command(
             tmp_path / "f", "--redis", redis_server.url, "--worker-id-prefix", prefix, "--gateway-port",
-            str(free_ports(1)), "--worker-port", str(free_ports(2))), capture_output=True, text=True, cwd=REPO,
+            str(free_ports(2)), "--worker-port", str(free_ports(2))), capture_output=True, text=True, cwd=REPO,
             env={**os.environ, **UP_ENV}, timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"worker id(s) {prefix}-1 are alive in the ring at {redis_server.url}" in done.stdout
@@ -199,7 +226,7 @@ async def test_up_on_a_shared_redis_refuses_worker_ids_another_stack_is_using(re
 
 def test_up_on_an_unreachable_redis_says_so(tmp_path):
     dead = f"redis://127.0.0.1:{free_ports(1)}/0"
-    done = subprocess.run(up_command(tmp_path / "f", "--redis", dead, "--gateway-port", str(free_ports(1)),
+    done = subprocess.run(up_command(tmp_path / "f", "--redis", dead, "--gateway-port", str(free_ports(2)),
                                      "--worker-port", str(free_ports(1))),
                           capture_output=True, text=True, cwd=REPO, env={**os.environ, **UP_ENV}, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
@@ -209,7 +236,7 @@ def test_up_on_an_unreachable_redis_says_so(tmp_path):
 def test_a_worker_that_cannot_start_shows_its_log_and_stops_the_rest(tmp_path):
     folder = tmp_path / "f"
     done = subprocess.run(up_command(folder, "--model", str(tmp_path / "no-such-model"), "--workers", "1",
-                                     "--gateway-port", str(free_ports(1)), "--worker-port", str(free_ports(1))),
+                                     "--gateway-port", str(free_ports(2)), "--worker-port", str(free_ports(1))),
                           capture_output=True, text=True, cwd=REPO, env={**os.environ, **UP_ENV}, timeout=180)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "error: worker-0 exited with code 2 while starting" in done.stdout
@@ -221,7 +248,7 @@ def test_a_worker_that_cannot_start_shows_its_log_and_stops_the_rest(tmp_path):
 
 def test_ctrl_c_during_start_up_stops_what_was_started(tmp_path, stand_in):
     folder = tmp_path / "f"
-    proc, log = start_up(folder, "--workers", "1", "--no-trainer", "--gateway-port", str(free_ports(1)),
+    proc, log = start_up(folder, "--workers", "1", "--no-trainer", "--gateway-port", str(free_ports(2)),
                          "--worker-port", str(free_ports(1)))
     try:
         wait_for(lambda: (folder / "logs" / "worker-0.log").exists() and processes_of(folder), 120,
@@ -242,7 +269,7 @@ def test_ctrl_c_during_start_up_stops_what_was_started(tmp_path, stand_in):
 @pytest.fixture(scope="module")
 def stack(stand_in, tmp_path_factory):
     folder = tmp_path_factory.mktemp("up") / "stack"
-    gateway_port, worker_port = free_ports(1), free_ports(1)
+    gateway_port, worker_port = free_ports(2), free_ports(1)
     proc, log = start_up(folder, "--workers", "1", "--no-trainer", "--gateway-port", str(gateway_port),
                          "--worker-port", str(worker_port))
     state = folder / "up.json"
@@ -262,6 +289,10 @@ def test_up_prints_its_urls_and_a_key_that_works(stack):
     assert f"web page      {state['gateway_url']}/" in out and f"API key       {stack['key']}" in out
     worker_http = state["worker_urls"][0].replace("ws://", "http://")
     assert f"metrics {worker_http}/metrics" in out
+    # the gateway's metrics: on its internal server, not on the public port
+    gateway_metrics = re.search(r"metrics       (http://127\.0\.0\.1:\d+/metrics)", out).group(1)
+    assert "voicering_gateway_requests_total" in httpx.get(gateway_metrics, timeout=10).text
+    assert httpx.get(f"{state['gateway_url']}/metrics", timeout=10).status_code == 404
     assert httpx.get(f"{state['gateway_url']}/", timeout=10).status_code == 200
     voices = httpx.get(f"{state['gateway_url']}/v1/voices", headers={"Authorization": f"Bearer {stack['key']}"},
                        timeout=10)
@@ -274,7 +305,7 @@ def test_up_prints_its_urls_and_a_key_that_works(stack):
 
 
 def test_a_second_up_in_the_same_folder_is_refused_and_names_the_first(stack):
-    done = subprocess.run(up_command(stack["folder"], "--gateway-port", str(free_ports(1))), capture_output=True,
+    done = subprocess.run(up_command(stack["folder"], "--gateway-port", str(free_ports(2))), capture_output=True,
                           text=True, cwd=REPO, env={**os.environ, **UP_ENV}, timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"voicering up is already running in {stack['folder']} (pid {stack['proc'].pid}, ready" in done.stdout

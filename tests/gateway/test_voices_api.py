@@ -140,7 +140,7 @@ def bad_cases(corpus) -> dict:
         "too short": (dict(name="v", files=few, manifest=few_manifest), "speech_amount", "files",
                       "at least 60 s is needed"),
         "too much audio": (dict(name="v", files=[("take.flac", long_silence_flac(46))],
-                                manifest=json.dumps({"take.flac": "Silence."}).encode()), "speech_amount", "files",
+                                manifest=json.dumps({"take.flac": "Silence."}).encode()), "audio_too_long", "files",
                            "the uploads hold over 46 minutes of audio; the limit is 30 minutes"),
         "no consent": (dict(name="v", files=few, manifest=few_manifest, consent=None), "consent_required",
                        "consent", "the speaker's consent"),

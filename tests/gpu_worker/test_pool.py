@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
@@ -63,11 +63,14 @@ def ids_with_owners(fixed: list[str], prefixes: list[str], wanted: dict[str, str
 
 
 @contextlib.asynccontextmanager
-async def ring_of(redis_url: str, peers: dict[str, str]) -> AsyncIterator[tuple[RingWatcher, RingSettings, RingStore]]:
-    """A ring in the real Redis whose members are `peers` (id -> ws URL), heartbeating."""
+async def ring_of(redis_url: str, peers: dict[str, str], load: Callable[[str], int] | None = None,
+                  ) -> AsyncIterator[tuple[RingWatcher, RingSettings, RingStore]]:
+    """A ring in the real Redis whose members are `peers` (id -> ws URL), heartbeating `load(id)`
+    (what a real worker reports: its open streams) or 0."""
     settings = ring_settings(redis_url)
     async with RingStore(settings) as store:
-        beats = [Heartbeat(store, WorkerInfo(wid, url, url, capacity=8)) for wid, url in peers.items()]
+        beats = [Heartbeat(store, WorkerInfo(wid, url, url, capacity=8),
+                           **({"load": lambda wid=wid: load(wid)} if load else {})) for wid, url in peers.items()]
         for beat in beats:
             await beat.start()
         try:
@@ -167,8 +170,17 @@ async def test_routing_follows_placement_owners(worker, redis_url):
     """The one real worker under two ids: each voice goes to its placement owner, over that
     owner's own connection; with two replicas a second concurrent utterance takes the other one."""
     a, b = ids_with_owners([], ["wa", "wb"], {"tara": "wa", "leo": "wb"})
-    async with ring_of(redis_url, {a: worker.url, b: worker.url}) as (watcher, settings, store):
+    pools: list[WorkerPool] = []
+
+    def streams(worker_id: str) -> int:  # each id reports the streams open to it, as a worker would
+        try:
+            return sum(p.peer_stats(worker_id).streams for p in pools)
+        except KeyError:  # the pool has not met this worker yet
+            return 0
+
+    async with ring_of(redis_url, {a: worker.url, b: worker.url}, streams) as (watcher, settings, store):
         async with WorkerPool(RingRouter(watcher, settings)) as pool:
+            pools.append(pool)
             assert await pool.prewarm("tara") == 1
             assert pool.handshakes == 1 and len(pool.connections(a)) == 1 and not pool.connections(b)
             for voice in ("tara", "leo", "tara", "leo"):
@@ -182,9 +194,9 @@ async def test_routing_follows_placement_owners(worker, redis_url):
             await store.set_replicas("tara", 2)
             await watcher.wait_for(lambda v: v.replicas.get("tara") == 2, timeout=10)
             held = await pool.start("tara", "", options=fast())  # open, nothing to say yet
-            assert held.worker_id == a
+            assert held.worker_id in (a, b)  # two random choices among the owners, equal loads
             other = await pool.start("tara", "Spill over.", options=fast(2))
-            assert other.worker_id == b  # bounded load over the two replicas, with the pool's own count
+            assert {other.worker_id, held.worker_id} == {a, b}  # the pool's own open since the report counts
             await other.end()
             assert [chunk async for chunk in other.audio()] and other.done.reason == "completed"
             await held.cancel()
@@ -275,6 +287,28 @@ async def test_a_peer_that_takes_the_start_and_never_answers_is_timed_out_ejecte
             assert again.worker_id == live and again.attempts == 1
             await again.end()
             assert [chunk async for chunk in again.audio()]
+    await worker.wait_idle()
+
+
+async def test_a_flush_with_nothing_to_say_starts_no_first_audio_clock(worker):
+    """A caller that opens an utterance and flushes nothing (empty start, empty flushes) has asked
+    for no audio: the worker is not hung and must not be ejected for it (issue 19: a tenant could
+    otherwise get a worker of the shared fleet ejected at will). Text, then a flush, starts the clock."""
+    async with WorkerPool.static([worker.url], PoolSettings(first_audio_timeout_s=1.0)) as pool:
+        stream = await pool.start("tara", "", options=fast(6))
+        for _ in range(3):
+            await stream.flush()
+        await stream.push("   ")
+        await stream.flush()
+        audio = stream.audio()
+        with pytest.raises(TimeoutError):  # nothing comes, and nothing times the worker out
+            await asyncio.wait_for(anext(audio), 2.5)
+        assert pool.ejected() == set() and stream.attempts == 1
+        await stream.push("Now something.")
+        await stream.end()
+        pcm = b"".join([chunk async for chunk in stream.audio()])
+        assert stream.done.reason == "completed" and len(pcm) == pcm_bytes(stream.done.stats.frames) > 0
+        assert stream.attempts == 1 and pool.ejected() == set()
     await worker.wait_idle()
 
 

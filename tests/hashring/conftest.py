@@ -21,5 +21,6 @@ def ring_settings(redis_url: str) -> RingSettings:
         redis_timeout_s=0.5,
         retry=RetryPolicy(attempts=3, base_delay_s=0.02, max_delay_s=0.1),
         heat_half_life_s=0.5,
-        hot_rate_per_replica=5.0,
+        heat_fast_half_life_s=0.25,
+        scale_down_hold_s=0.5,
     )

@@ -11,8 +11,10 @@ from contextlib import AsyncExitStack
 import pytest
 
 from hashring.errors import RingUnavailable
+from hashring.membership import Heartbeat
 from hashring.placement import COOL_LOCK, CoolLoop, HeatRecorder, ReplicaControl
-from hashring.store import RingStore, rate_of
+from hashring.records import WorkerInfo
+from hashring.store import RingStore
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,27 +87,50 @@ async def test_a_leader_that_dies_without_releasing_is_replaced_when_its_lease_e
         await until(lambda: loop.holding and loop.cools > 0, timeout=2)
 
 
-async def test_the_cool_loop_lowers_a_voice_that_went_quiet(ring_settings):
-    s = ring_settings  # half-life 0.5 s, 5 req/s per replica
+async def heartbeating(stack: AsyncExitStack, store: RingStore, loads: dict[str, int]) -> None:
+    """Workers that report `loads[id]` streams in every heartbeat (the dict may change)."""
+    for wid in loads:
+        info = WorkerInfo(wid, f"ws://127.0.0.1:7{len(wid)}", f"http://127.0.0.1:9{len(wid)}")
+        await stack.enter_async_context(Heartbeat(store, info, load=lambda wid=wid: loads[wid]))
+    await asyncio.sleep(3 * store.settings.heartbeat_interval_s)
+
+
+async def test_the_cool_loop_sizes_voices_by_their_measured_load_share(ring_settings):
+    """Regression (issue #20): replicas came from a fixed 5 req/s per replica, capped at 8; they
+    follow the voice's share of the measured fleet load now, and fall once the load goes."""
     async with AsyncExitStack() as stack:
-        store = await stack.enter_async_context(RingStore(s))
+        store = await stack.enter_async_context(RingStore(ring_settings))
+        loads = {f"w{i}": 4 for i in range(4)}  # 16 streams: 4 per worker, 1.5 per replica at α = 0.375
+        await heartbeating(stack, store, loads)
         control = ReplicaControl(store)
-        assert await control.record("tara", 20) == 6  # 20 × ln2 / 0.5 = 27.7 req/s
-        assert (await store.auto_replicas())["tara"] == 6
+        await control.record("tara", 20)  # a quarter of the fleet's requests: 4 streams -> 3 replicas
+        await control.record("other", 60)  # three quarters: 12 streams -> 8, clamped to the 4 workers
+        assert await control.cool() == {"tara": 3, "other": 4}
+        fleet = control.last_fleet
+        assert fleet.workers == 4 and fleet.mean_streams_per_worker == 4
+        assert fleet.mean_stream_s == pytest.approx(16 / fleet.rate)  # Little's law on what was measured
+        assert (await store.auto_replicas()) == {"tara": 3, "other": 4}
+        assert await control.cool() == {}  # the shares hold while the load does
+        for wid in loads:
+            loads[wid] = 0  # the fleet went quiet
+        await asyncio.sleep(max(ring_settings.scale_down_hold_s, 3 * ring_settings.heartbeat_interval_s))
+        assert await control.cool() == {"tara": 1, "other": 1}
+        assert await store.auto_replicas() == {}
+
+
+async def test_a_spill_raises_a_voice_at_once_and_the_loop_lowers_it_after_the_hold(ring_settings):
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(RingStore(ring_settings))
+        await heartbeating(stack, store, {f"w{i}": 4 for i in range(4)})
+        control = ReplicaControl(store)
+        await control.record("busy", 50)  # the fleet's load is measured
+        await control.cool()
+        await control.spilled({"leo": 2})  # a worker served a placed leo start it does not own
+        assert (await control.cool())["leo"] == 2  # one more at once, before any rate shows it
+        assert "leo" not in await control.cool()  # held: not lowered within scale_down_hold_s
         loop = await stack.enter_async_context(CoolLoop(control, interval_s=0.1))
-        seen: set[int] = set()
-
-        async def quiet() -> bool:
-            auto = await store.auto_replicas()
-            seen.add(auto.get("tara", 1))
-            return "tara" not in auto
-
-        async with asyncio.timeout(8):
-            while not await quiet():
-                await asyncio.sleep(0.05)
-        assert loop.lowered >= 2 and len(seen) >= 3  # stepped down as the rate decayed
-        rate = rate_of((await store.peek_heat(["tara"]))["tara"], s.heat_half_life_s)
-        assert rate < s.cool_factor * s.hot_rate_per_replica
+        await until(lambda: loop.cools > 0 and "leo" in loop.changed, timeout=5)
+        assert loop.changed["leo"] == 1 and "leo" not in await store.auto_replicas()
 
 
 async def test_the_cool_loop_survives_redis_killed_and_restarted(ring_settings, redis_server):
@@ -139,10 +164,13 @@ async def test_heat_recorder_batches_per_voice_and_flushes_on_close(ring_setting
         assert sorted(control.records) == [("leo", 1), ("tara", 3)] and recorder.flushes == 1
         assert 2.5 < (await store.peek_heat(["tara"]))["tara"] <= 3.0  # decayed a little since
 
-        recorder.record("mia", 25)  # hot: the flush raises its automatic count
+        recorder.record("mia", 25)
+        recorder.spilled("mia")
         await recorder.aclose()
         assert recorder.flushed == 29 and recorder.pending == 0 and control.records[-1] == ("mia", 25)
-        assert (await store.auto_replicas())["mia"] >= 2
+        assert "mia" not in await store.auto_replicas()  # a flush decides nothing: the cool loop does
+        warm, spills = await store.take_signals()
+        assert spills == {"mia": 1} and recorder.spills == 1 and "mia" in warm
         assert recorder._task is None
 
 

@@ -297,15 +297,10 @@ async def test_operator_and_automatic_replicas(ring_settings):
         await control.scale("tara", None)
         await watcher.wait_for(lambda v: "tara" not in v.replicas, 5)
 
-        assert await control.record("leo") == 1  # one request: ~1.4 req/s, not hot
-        # 20 more at once into a 0.5 s half-life counter is ~29 req/s: 6 replicas at 5 req/s each,
-        # capped at the 4 workers there are when placed.
-        assert await control.record("leo", count=20) == 6
-        view = await watcher.wait_for(lambda v: v.auto_replicas.get("leo") == 6, 5)
-        assert place(view, "leo", s).replicas == 4
-        await asyncio.sleep(3.0)  # six half-lives: the rate is now ~0.4 req/s
-        assert await control.cool() == {"leo": 1}
-        await watcher.wait_for(lambda v: "leo" not in v.auto_replicas, 5)
+        assert await control.record("leo") == 1
+        assert await control.record("leo", count=20) == 1  # counting decides nothing: the cool loop does
+        assert await control.cool() == {}  # and with no stream reported, nothing is measured to size by
+        assert "leo" not in (await store.snapshot()).auto_replicas
 
 
 async def test_odd_voice_ids_never_shape_redis_keys(ring_settings):
@@ -323,7 +318,7 @@ async def test_odd_voice_ids_never_shape_redis_keys(ring_settings):
         stack.push_async_callback(raw.aclose)
         keys = {k.decode() async for k in raw.scan_iter(f"{ring_settings.prefix}:*")}
         pattern = re.compile(re.escape(ring_settings.prefix)
-                             + r":(epoch|workers|heartbeats|live|load|replicas|heat:[0-9a-f]+)")
+                             + r":(epoch|workers|heartbeats|live|load|replicas|fleet|warm|heat:[0-9a-f]+)")
         assert keys and all(pattern.fullmatch(k) for k in keys), keys
         assert sum(k.startswith(f"{ring_settings.prefix}:heat:") for k in keys) == len(voices)
 
@@ -484,7 +479,7 @@ async def test_a_late_heartbeat_is_reported(redis_url, caplog):
     settings = RingSettings(redis_url=redis_url, prefix="test:late-beat", heartbeat_interval_s=0.2)
     async with RingStore(settings) as store, Heartbeat(store, WorkerInfo("late-1", "ws://x:1", "ws://x:1")):
         await asyncio.sleep(0.3)
-        time.sleep(0.8)  # block the loop
+        time.sleep(1.6)  # block the loop past max(interval, TTL / 5): a warning, not yet out of the ring
         await asyncio.sleep(0.3)
     assert "heartbeat ran" in caplog.text and "late" in caplog.text
 

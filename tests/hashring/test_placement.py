@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hashring.errors import EmptyRing, InvalidReplicas, InvalidVoiceId, InvalidWorkerId
-from hashring.placement import MAX_REPLICAS, auto_replicas, check_replicas, place, requested_replicas, route
+from hashring.placement import MAX_REPLICAS, check_replicas, place, requested_replicas, route
 from hashring.records import RingView, Snapshot, WorkerInfo, check_voice_id, check_worker_id
 from hashring.ring import Ring
 from hashring.settings import RingSettings
@@ -85,17 +85,6 @@ def test_empty_ring_is_a_retryable_error_with_a_hint():
         with pytest.raises(EmptyRing, match="ring status") as info:
             call(view, "tara", SETTINGS)
         assert info.value.retryable
-
-
-def test_auto_replicas_rise_at_threshold_and_fall_with_hysteresis():
-    s = RingSettings(hot_rate_per_replica=5.0, cool_factor=0.7, max_auto_replicas=4)
-    assert auto_replicas(4.9, 1, s) == 1
-    assert auto_replicas(5.1, 1, s) == 2
-    assert auto_replicas(12.0, 2, s) == 3
-    assert auto_replicas(4.0, 2, s) == 2  # under 5/s but above 0.7 x 5: stays
-    assert auto_replicas(3.0, 2, s) == 1
-    assert auto_replicas(1000.0, 1, s) == 4  # capped
-    assert auto_replicas(0.0, 4, s) == 1
 
 
 @pytest.mark.parametrize("bad", [0, -1, MAX_REPLICAS + 1, True, 1.5])

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 MODULES = ["hashring", "hashring.ring", "hashring.errors", "hashring.settings", "hashring.records",
-           "hashring.store", "hashring.membership", "hashring.placement", "hashring.embedded", "hashring.simulate"]
+           "hashring.store", "hashring.membership", "hashring.placement", "hashring.embedded", "hashring.simulate",
+           "hashring.choice", "hashring.sizing"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -158,8 +158,10 @@ def test_bench_figures_small():
     for name in SCENARIOS:
         assert 1.0 <= figures[f"route_{name}_peak_over_mean_p50"] <= figures[f"route_{name}_peak_over_mean_max"]
         assert 0.0 <= figures[f"route_{name}_spill_fraction"] <= 1.0
-    # One router with exact loads keeps every worker within c × the mean (+1 for streams ending);
-    # eight routers on heartbeat loads seconds old do worse (the bench sees staleness at all).
-    assert figures["route_exact_over_bound_fraction"] <= 0.01
-    assert figures["route_reported_peak_over_mean_p99"] > figures["route_exact_peak_over_mean_p99"]
-    assert "targets_met" not in figures  # targets are stated for 64 workers only
+    for name in SCENARIOS:
+        assert figures[f"route_{name}_refusals_per_request"] >= 0
+        assert 0 < figures[f"route_{name}_adapter_loads_per_1000"] <= 1000
+    # The rule before issue #20 (arg-min on stale loads, replicas capped at 8) herds; two random
+    # choices among owners sized by load share do not, and stay on the owners.
+    assert figures["route_legacy_peak_over_mean_p99"] > figures["route_reported+own_peak_over_mean_p99"]
+    assert figures["route_reported+own_spill_fraction"] < figures["route_legacy_spill_fraction"]

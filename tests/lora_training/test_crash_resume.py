@@ -117,7 +117,9 @@ def test_cancel_stops_a_running_job_at_a_step_boundary(queue, redis_url, uploads
                    data=train_settings.data, params=params)
     job = queue.submit(spec).job_id
     settings = train_settings.model_copy(update={
-        "queue_prefix": queue.prefix, "consumer": "t", "lease_ms": 900, "claim_idle_ms": 900, "block_ms": 200,
+        # a lease of seconds, not a fraction of one: the trainer runs on a thread of this (busy) process,
+        # and a renewal starved past its lease would hand the job back before it ever trains
+        "queue_prefix": queue.prefix, "consumer": "t", "lease_ms": 3000, "claim_idle_ms": 3000, "block_ms": 200,
         "adapter_store": tmp_path / "store"})
     thread = threading.Thread(target=TrainWorker(settings, queue, console=False).run, kwargs={"max_jobs": 1})
     thread.start()

@@ -1,0 +1,95 @@
+"""Tenants, their API keys and their voices, kept in Redis so every gateway process agrees.
+
+    errors.py       the error tree below, and `redis_errors`: redis-py's errors mapped at the Redis boundary
+    records.py      TenantLimits, Tenant, TenantVoice; the grammars of names, ids and keys; their Redis form
+    keys.py         KeyLayout: every Redis key of tenants, quotas and usage, under one prefix
+    scripts.py      the registry's multi-key changes, each one atomic Lua script
+    registry.py     Tenants: create, look up, revoke, limits, keys, authenticate, tenant voices
+    auth_cache.py   keys verified lately, served only while Redis cannot be asked
+
+    TenantError           every error of the tenant layer; `.retryable` says whether trying again can help
+    ├── Unauthorized      a missing, malformed, unknown or revoked API key (one message for all four)
+    ├── Unavailable       Redis is unreachable or refuses commands for now (memory full, no master,
+    │                     loading...) and the key was not verified recently (retryable: HTTP 503)
+    ├── StoreError        Redis refused a command for good, or holds a damaged record (the operator's: HTTP 500)
+    ├── TenantNotFound    an operator named a tenant that does not exist
+    ├── TenantExists      a tenant name already taken
+    ├── TenantRevoked     an operator asked a revoked tenant for a new key
+    ├── InvalidName       a tenant or voice name outside its grammar
+    ├── InvalidLimits     a limit that is not a positive whole number, or an unknown limit
+    ├── VoiceNotFound     no such voice *of this tenant*: another tenant's voice is simply absent
+    ├── VoiceExists       a voice name the tenant already uses
+    └── QuotaExceeded     a limit is reached; `.limit` names it, `.retry_after_s` says when to retry
+
+An API key is `vr_` + 32 random bytes (urlsafe base64). Redis holds only sha256(key), mapped to the
+tenant id, so a leaked dump grants nothing. `authenticate` always hashes the key and makes one
+lookup by digest, whatever the key looks like, so its timing does not tell whether a key exists.
+Messages never contain a key, nor Redis's own replies. Quotas live in `gateway.quotas`, usage
+counters in `gateway.usage`.
+"""
+
+from __future__ import annotations
+
+from gateway.tenants.auth_cache import DEFAULT_AUTH_CACHE_S
+from gateway.tenants.errors import (
+    InvalidLimits,
+    InvalidName,
+    QuotaExceeded,
+    QuotaName,
+    StoreError,
+    TenantError,
+    TenantExists,
+    TenantNotFound,
+    TenantRevoked,
+    Unauthorized,
+    Unavailable,
+    VoiceExists,
+    VoiceNotFound,
+    redis_errors,
+)
+from gateway.tenants.keys import DEFAULT_PREFIX, KeyLayout
+from gateway.tenants.records import (
+    API_KEY,
+    TENANT_ID,
+    TENANT_NAME,
+    Tenant,
+    TenantLimits,
+    TenantVoice,
+    VoiceState,
+    check_job_id,
+    check_tenant_name,
+    key_digest,
+)
+from gateway.tenants.registry import Tenants, connect_redis
+
+__all__ = [
+    "API_KEY",
+    "DEFAULT_AUTH_CACHE_S",
+    "DEFAULT_PREFIX",
+    "TENANT_ID",
+    "TENANT_NAME",
+    "InvalidLimits",
+    "InvalidName",
+    "KeyLayout",
+    "QuotaExceeded",
+    "QuotaName",
+    "StoreError",
+    "Tenant",
+    "TenantError",
+    "TenantExists",
+    "TenantLimits",
+    "TenantNotFound",
+    "TenantRevoked",
+    "TenantVoice",
+    "Tenants",
+    "Unauthorized",
+    "Unavailable",
+    "VoiceExists",
+    "VoiceNotFound",
+    "VoiceState",
+    "check_job_id",
+    "check_tenant_name",
+    "connect_redis",
+    "key_digest",
+    "redis_errors",
+]
