@@ -18,14 +18,13 @@ from lora_training import transcripts as transcript_io
 from lora_training.asr import AsrBackend
 from lora_training.clips import Clip, ClipSet, cut
 from lora_training.errors import AudioError, ConfigError, SpeechAmountError
-from lora_training.ingest import check_speech_total, file_digest, ingest
+from lora_training.ingest import Check, check_speech_total, file_digest, ingest, max_audio_s
 from lora_training.segment import Piece, align, pack, speech_regions
 from lora_training.settings import DataParams
 from lora_training.text import normalize, sentences
 
 Progress = Callable[[float, str], None]  # fraction done in [0, 1], what is happening
 AsrFactory = Callable[[], AsrBackend]  # loads the backend the first time a file needs it
-Check = Callable[[], None]  # raises to stop the work (the job's Stop.check: cancelled, lease lost)
 
 
 def cache_key(audio_paths: list[Path], transcripts: Path | None, data: DataParams, asr_name: str | None) -> str:
@@ -97,7 +96,7 @@ def _build(audio_paths: list[Path], transcripts: Path | None, data: DataParams, 
         regions = speech_regions(recording.audio, data)
         if not regions:
             raise AudioError(f"{path.name}: no speech was found in it (only silence or steady noise)")
-        if audio_s > data.max_speech_s * 1.5:  # clearly too much: refuse before any more work
+        if audio_s > max_audio_s(data):  # clearly too much: refuse before any more work
             raise SpeechAmountError(f"the uploads hold over {audio_s / 60:.0f} minutes of audio; the limit is "
                                     f"{data.max_speech_s / 60:.0f} minutes of speech: upload fewer files")
         text = matched.texts.get(path.name)

@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gateway.api.auth import caller, gateway_of, resolve_and_admit
 from gateway.api.edge import read_body, received_at
 from gateway.api.encode import MEDIA_TYPES, ResponseFormat, open_encoder
-from gateway.api.errors import ApiError, error_body, from_worker_error
+from gateway.api.errors import ApiError, from_worker_error
 from gateway.api.speed import MAX_SPEED, MIN_SPEED, SpeedChanger
 from gateway.api.state import Gateway
 from gateway.settings import GatewaySettings
@@ -257,8 +257,7 @@ async def _sse(run: _Run, encoded: AsyncIterator[bytes]) -> AsyncIterator[bytes]
         async for data in encoded:
             yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
     except SpeechTruncated as exc:  # an `error` event instead of `done`: the SDKs raise on it
-        error = exc.error
-        yield _event({"type": "error", **error_body(error.message, error.type, error.param, error.code)})
+        yield _event({"type": "error", **exc.error.body()})
         return
     stats = run.stream.done.stats if run.stream is not None and run.stream.done is not None else None
     output_tokens = stats.tokens if stats else 0

@@ -3,9 +3,9 @@ ingest checks, transcripts): a bad upload is a clear 400 in seconds, not a faile
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from gateway.cloning.errors import BadUpload
 from gateway.cloning.uploads import Upload
@@ -15,13 +15,15 @@ from hashring.records import shown_voice_id, valid_voice_id
 from lora_training.errors import InputError, TranscriptError
 from lora_training.settings import DataParams
 
+if TYPE_CHECKING:
+    from lora_training.ingest import Check  # called between decoded blocks; raises to stop there
+
 __all__ = ["MAX_CONSENT_CHARS", "SIDECAR_SUFFIX", "TRANSCRIPT_SUFFIXES", "check_consent", "check_name", "check_uploads"]
 
 
 MAX_CONSENT_CHARS: Final = 4096  # what the tenant layer stores
 TRANSCRIPT_SUFFIXES: Final = (".json", ".csv", ".tsv", ".txt")
 SIDECAR_SUFFIX: Final = ".txt"
-Check = Callable[[], None]  # called between decoded blocks; raises to stop the checks there
 
 
 def check_name(tenant: Tenant, name: str | None, base_voices: Iterable[str]) -> str:

@@ -18,15 +18,17 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from gateway.cloning.errors import DecodesBusy
+
+if TYPE_CHECKING:  # the work calls it between blocks; here it raises DecodeStopped once the caller is gone
+    from lora_training.ingest import Check
 
 __all__ = ["DECODE_RETRY_AFTER_S", "DecodePool", "DecodeStopped"]
 
 DECODE_RETRY_AFTER_S: Final = 5.0  # what a refused caller is told to wait: a decode takes seconds
 T = TypeVar("T")
-Check = Callable[[], None]  # the work calls it between blocks; it raises DecodeStopped once the caller is gone
 
 
 class DecodeStopped(Exception):
