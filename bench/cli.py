@@ -79,6 +79,19 @@ def proxy(
     _emit(run(rounds=rounds), as_json)
 
 
+@app.command("fleet")
+def fleet(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    seconds: float = typer.Option(45.0, help="Seconds of measured load (after the warm-up)."),
+    streams: int = typer.Option(8, min=1, help="Concurrent streams (closed loop)."),
+) -> None:
+    """Three real workers and two gateways' pools on one ring: every request's served_by against its
+    voice's owners (needless hops, spills), refusals, busiest worker, and a hot voice's replicas growing."""
+    from bench.fleet import run
+
+    _emit(run(run_s=seconds, streams=streams), as_json)
+
+
 @app.command("gateway")
 def gateway(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),

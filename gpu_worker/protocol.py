@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from gpu_worker.errors import BadMessage, BadRequest
 from hashring.records import MAX_VOICE_ID_BYTES  # the ring's bound; the store's grammar is checked when the voice resolves
 
-PROTOCOL_VERSION = 1
+# Version negotiation (either side may be upgraded first): a client that speaks this version sends
+# `PROTOCOL_HEADER: 2` on the websocket handshake and a worker of this version answers with the same
+# header. Version 2 adds `opened`, the `load` on `done`/`error` and `Start.insist`; a worker sends them
+# only on connections whose handshake asked for >= 2, so version-1 clients get exactly the old messages.
+PROTOCOL_VERSION: Final = 2
+PROTOCOL_HEADER: Final = "x-voicering-protocol"
 AUDIO_KIND = 0x01
 MAX_CONTEXT_ID_BYTES = 64
 # A worker accepts no websocket message larger than this (it closes the connection with 1009): the
@@ -48,6 +54,7 @@ class Start:
     options: UtteranceOptions = field(default_factory=UtteranceOptions)
     proxied_by: str | None = None  # hop marker: the entry worker that forwarded it (an owner never forwards again)
     placed: bool = False  # a ring-aware pool chose this worker: it serves the start itself, never relays it
+    insist: bool = False  # (v2) the router's last try after refusals: the worker skips its fleet-share rule
     type: Literal["start"] = "start"
 
 
@@ -101,10 +108,21 @@ class UtteranceStats:
 
 
 @dataclass(frozen=True, slots=True)
+class Opened:
+    """(v2) A start was admitted, before any model work: the context is this worker's now (or its
+    relay's). ``load``: the streams this worker's engine speaks, this one included."""
+
+    context_id: str
+    load: int
+    type: Literal["opened"] = "opened"
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     context_id: str
     stats: UtteranceStats
     reason: Literal["completed", "cancelled"] = "completed"
+    load: int | None = None  # (v2) the streams this worker's engine speaks right after this one ended
     type: Literal["done"] = "done"
 
 
@@ -114,6 +132,7 @@ class Error:
     message: str
     retryable: bool
     context_id: str | None = None
+    load: int | None = None  # (v2) the streams this worker's engine speaks right after this answer
     type: Literal["error"] = "error"
 
 
@@ -133,7 +152,7 @@ class Rejected:
     type: Literal["rejected"] = "rejected"
 
 
-ServerMessage = Done | Error | Rejected
+ServerMessage = Opened | Done | Error | Rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,13 +180,31 @@ class AudioChunk:
 
 
 _CLIENT_TYPES: dict[str, type] = {"start": Start, "text": PushText, "flush": Flush, "end": End, "cancel": Cancel}
-_SERVER_TYPES: dict[str, type] = {"done": Done, "error": Error, "rejected": Rejected}
+_SERVER_TYPES: dict[str, type] = {"opened": Opened, "done": Done, "error": Error, "rejected": Rejected}
+# Version-2 fields, left out of a message while they hold these values: a version-1 peer gets (and a
+# version-1 worker accepts) exactly the version-1 bytes.
+_V2_ABSENT: Final[Mapping[str, object]] = {"insist": False, "load": None}
 
 
 def encode(message: ClientMessage | ServerMessage) -> str:
     """Compact JSON, non-ASCII characters as themselves: the UTF-8 bytes on the link are what a
-    sender counted (ASCII escapes would turn 2 bytes of 'é' into 6 and 4 bytes of an emoji into 12)."""
-    return json.dumps(asdict(message), separators=(",", ":"), ensure_ascii=False)
+    sender counted (ASCII escapes would turn 2 bytes of 'é' into 6 and 4 bytes of an emoji into 12).
+    Version-2 fields at their absent value are left out (`_V2_ABSENT`)."""
+    payload = asdict(message)
+    for name, absent in _V2_ABSENT.items():
+        if name in payload and payload[name] is absent:
+            del payload[name]
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+
+
+def protocol_version(header: str | None) -> int:
+    """The version a peer asked for (or answered) in `PROTOCOL_HEADER`, capped at ours; a missing or
+    unreadable header is version 1 (a peer from before negotiation)."""
+    try:
+        asked = int(header) if header is not None else 1
+    except ValueError:
+        return 1
+    return max(1, min(asked, PROTOCOL_VERSION))
 
 
 def _valid_unicode(value: str) -> bool:
@@ -266,6 +303,8 @@ def _parse_payload(payload: dict[str, Any], kind: str | None, context_id: str | 
             raise BadRequest(f"'voice' must be valid Unicode of at most {MAX_VOICE_ID_BYTES} bytes")
         if not isinstance(payload.get("placed", False), bool):
             raise BadRequest("'placed' must be true or false")
+        if not isinstance(payload.get("insist", False), bool):
+            raise BadRequest("'insist' must be true or false")
         hop = payload.get("proxied_by")
         if hop is not None and _context_id(hop) is None:  # a worker id: same shape as a context id
             raise BadRequest(f"'proxied_by' must be a worker id of at most {MAX_CONTEXT_ID_BYTES} bytes")
@@ -283,8 +322,20 @@ def _parse_payload(payload: dict[str, Any], kind: str | None, context_id: str | 
 
 
 def parse_server(raw: str) -> ServerMessage:
+    """A worker's message. Fields this version does not know are ignored (a newer worker may add
+    some), so clients stay forward compatible."""
     payload = json.loads(raw)
     cls = _SERVER_TYPES[payload["type"]]  # a worker speaks this protocol: a KeyError here is a bug, not input
+    known = _known(cls, payload)
     if cls is Done:
-        payload["stats"] = UtteranceStats(**payload["stats"])
-    return cls(**payload)
+        known["stats"] = UtteranceStats(**_known(UtteranceStats, payload["stats"]))
+    return cls(**known)
+
+
+def _known(cls: type, payload: dict[str, Any]) -> dict[str, Any]:
+    names = _SERVER_FIELDS[cls]
+    return {k: v for k, v in payload.items() if k in names}
+
+
+_SERVER_FIELDS: Final[Mapping[type, frozenset[str]]] = {
+    cls: frozenset(f.name for f in fields(cls)) for cls in (*_SERVER_TYPES.values(), UtteranceStats)}

@@ -17,9 +17,19 @@ over the worker pool (one persistent multiplexed link per peer) and relays every
   or disconnects cancels the owner's context (its engine request is aborted there). Each relayed
   chunk's time here, from the pool's reader taking it off the owner's link to its queueing on the
   caller's connection outbox, is observed in ``voicering_worker_relay_seconds``.
+- **Idle time** is the caller's: a relayed context is idle only while neither text comes in nor
+  audio comes back (the clock restarts at every relayed chunk, as a local context's restarts when
+  speaking stops), so ``idle_timeout_s`` never ends a context whose owner is still speaking.
 - **Failing over**: the pool retries another owner until the first audio reached the caller; if
   no owner can take it before then (all down, ejected, busy), this worker speaks it itself. After
   the first audio a lost owner ends the context with ``worker_lost`` (not retryable).
+- **A slow owner is this hop's to give up on**: the caller (a gateway's pool) waits
+  ``first_audio_timeout_s`` (30 s) for the first audio, and so would this worker's pool for the
+  owner's, so both clocks would fire together and the caller would blame (eject) this worker.
+  The relay's own deadline (``Forwarder.first_audio_timeout_s``, `RELAY_FIRST_AUDIO_TIMEOUT_S`,
+  checked below its pool's) fires first: the owner's context is cancelled and the caller gets a
+  retryable ``worker_timeout`` answer, which its pool takes as an answer (it tries another
+  worker) and not as a failure of this one.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gpu_worker.client import WorkerRequestError
@@ -46,13 +57,31 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CANCEL_TIMEOUT_S = 2.0
+RELAY_FIRST_AUDIO_TIMEOUT_S = 20.0  # below every pool's first_audio_timeout_s (30 s): this hop gives up first
+
+
+class RelayTimeout(WorkerError):
+    """The owner sent no audio within the relay's first-audio deadline (retryable: another worker may)."""
+
+    code = "worker_timeout"
+    retryable = True
 
 
 class Forwarder:
     """This worker's view of who owns a voice, and the pool that reaches the owners."""
 
     def __init__(self, worker_id: str, watcher: RingWatcher, ring_settings: RingSettings, pool: WorkerPool,
-                 heat: HeatRecorder | None = None) -> None:
+                 heat: HeatRecorder | None = None, *,
+                 first_audio_timeout_s: float | None = RELAY_FIRST_AUDIO_TIMEOUT_S) -> None:
+        """``first_audio_timeout_s``: the longest a relayed context waits for the owner's first audio
+        once asked to speak (None: the pool's own clock only); it must stay below the pool's, and
+        below the callers' (the gateway's pool), so that this hop answers before theirs fire."""
+        outer = pool.settings.first_audio_timeout_s
+        if first_audio_timeout_s is not None and (first_audio_timeout_s <= 0
+                                                  or (outer is not None and first_audio_timeout_s >= outer)):
+            raise ValueError(f"the relay's first_audio_timeout_s ({first_audio_timeout_s}) must be > 0 and below the "
+                             f"pool's first_audio_timeout_s ({outer}), or the outer hop's clock fires first")
+        self.first_audio_timeout_s = first_audio_timeout_s
         self.worker_id = worker_id
         self.watcher = watcher
         self.ring_settings = ring_settings
@@ -84,12 +113,16 @@ class ProxiedUtterance(Utterance):
     """A caller's context served by another worker, relayed through this one."""
 
     def __init__(self, start: Start, deps: SessionDeps, send: Send, forwarder: Forwarder,
-                 backlog: Backlog | None = None) -> None:
+                 backlog: Backlog | None = None, claim_slot: Callable[[], None] | None = None) -> None:
+        """``claim_slot``: takes an engine slot on this worker for a local fallback (raises `Busy` when none)."""
         super().__init__(start, deps, send, backlog=backlog)
         self._forwarder = forwarder
+        self._claim_slot = claim_slot
         self._start = start
         self._handed: list[object] = []  # segments given to the owner, kept until its first audio
         self._relayed_audio = False
+        self._asked = asyncio.Event()  # the owner was handed text to speak
+        self._audio_came = asyncio.Event()  # its first audio was relayed
 
     async def run(self) -> None:
         try:
@@ -103,22 +136,25 @@ class ProxiedUtterance(Utterance):
             await self._serve_here(f"no owner could take it ({exc.error.code})")
             return
         feeder = asyncio.create_task(self._feed(stream), name=f"proxy-feed-{self.context_id}")
+        watch = asyncio.create_task(self._watch_first_audio(stream), name=f"proxy-first-audio-{self.context_id}")
         relay = asyncio.create_task(self._relay(stream), name=f"proxy-relay-{self.context_id}")
         try:
-            await asyncio.wait({feeder, relay}, return_when=asyncio.FIRST_EXCEPTION)
-            if not relay.done():  # the feeder failed: this context's own limit (idle timeout)
-                raise feeder.exception()
-            await relay
+            await _first_failure(relay, (feeder, watch))  # a helper's failure is this context's own limit
         except WorkerRequestError as exc:
             if exc.retryable and not self._relayed_audio:
                 await _stop(feeder)
+                await _stop(watch)
                 await self._serve_here(f"the owners failed before any audio ({exc.error.code})")
                 return
             await self._end_with(exc.error)
-        except WorkerError as exc:
+        except WorkerError as exc:  # idle timeout, or the owner too slow to answer (RelayTimeout)
+            if isinstance(exc, RelayTimeout):
+                log.warning("context %s (voice %s): %s", self.context_id, self.voice_id, exc.message,
+                            extra={"context_id": self.context_id, "voice": self.voice_id})
             await self._end_with(Error(exc.code, exc.message, exc.retryable, self.context_id))
         finally:
             await _stop(feeder)
+            await _stop(watch)
             await _stop(relay)
             if stream.done is None:
                 with contextlib.suppress(Exception):
@@ -136,12 +172,29 @@ class ProxiedUtterance(Utterance):
             self._hold(-chars)  # the owner holds it now
             await stream.push(text)
             await stream.flush()
+            self._asked.set()
+
+    async def _watch_first_audio(self, stream: PoolStream) -> None:
+        """Raise `RelayTimeout` when the owner, asked to speak, sends no audio in time (the pool's
+        retries to other owners included), so this hop answers before the caller's clock fires."""
+        limit = self._forwarder.first_audio_timeout_s
+        if limit is None:
+            return
+        await self._asked.wait()
+        try:
+            await asyncio.wait_for(self._audio_came.wait(), limit)
+        except TimeoutError:
+            raise RelayTimeout(f"the voice's owner (worker {stream.worker_id}) sent no audio within {limit:g} s of "
+                               "being asked to speak; retry (another worker may take it)") from None
 
     async def _relay(self, stream: PoolStream) -> None:
         metrics = self.deps.metrics
         async for pcm in stream.audio():
-            self._relayed_audio = True
-            self._handed.clear()  # audio reached the caller: no serving it here any more
+            if not self._relayed_audio:
+                self._relayed_audio = True
+                self._audio_came.set()
+                self._handed.clear()  # audio reached the caller: no serving it here any more
+            self._last_activity = time.monotonic()  # the owner is speaking: this context is not idle
             await self._send(AudioChunk(self.context_id, self._seq, pcm))
             self._seq += 1
             if metrics is not None and stream.last_chunk_received_at is not None:  # off the owner's link -> our outbox
@@ -155,6 +208,12 @@ class ProxiedUtterance(Utterance):
         """No owner took it before any audio: speak it on this worker (segments handed out come back)."""
         log.warning("context %s (voice %s): %s; serving it here", self.context_id, self.voice_id, why,
                     extra={"context_id": self.context_id, "voice": self.voice_id})
+        if self._claim_slot is not None:
+            try:
+                self._claim_slot()  # it is this engine's stream now: counted in max_streams and the load (M2)
+            except WorkerError as exc:
+                await self._end_with(Error(exc.code, exc.message, exc.retryable, self.context_id))
+                return
         handed, self._handed = self._handed, []
         for item in handed:
             if item is not _END:
@@ -174,6 +233,18 @@ class ProxiedUtterance(Utterance):
     def _record_proxied(self, outcome: str) -> None:
         if self.deps.metrics is not None:
             self.deps.metrics.proxied.labels(outcome).inc()
+
+
+async def _first_failure(main: asyncio.Task, helpers: tuple[asyncio.Task, ...]) -> None:
+    """Wait for ``main`` (raising what it raised); a helper that fails first raises its error here
+    instead, and a helper that ends well is simply done."""
+    pending = {main, *helpers}
+    while not main.done():
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not main and not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+    main.result()
 
 
 async def _stop(task: asyncio.Task) -> None:

@@ -1,22 +1,24 @@
 """Where one more utterance of a voice should go: the pool's routing seam.
 
 `RingRouter` runs `hashring.choice.order` over a `RingWatcher`'s view: two random choices among
-the voice's placement owners on (the load each reported in its last heartbeat + this pool's own
-opens minus closes there since that heartbeat), then the other owners, then ring successors.
-Its starts are *placed* (`Start.placed`): the worker that receives one serves it, never relays it.
-`StaticRouter` routes over a fixed list of URLs with a ring of its own (voice affinity without
-Redis; bounded loads on this pool's exact counts, the only loads there are); the workers do not
-share that ring, so its starts are not placed. Light: hashring only.
+the voice's placement owners on (the load each reported, in its last heartbeat or, if newer, on
+its last answer to this pool, + this pool's own opens minus closes there since), at most
+`owner_tries` owners in all, then ring successors, those this pool saw take the voice first (they
+likely hold its adapter). Its starts are *placed* (`Start.placed`): the worker that receives one
+serves it, never relays it. `StaticRouter` routes over a fixed list of URLs with a ring of its own
+(voice affinity without Redis; bounded loads on this pool's exact counts, the only loads there
+are); the workers do not share that ring, so its starts are not placed. Light: hashring only.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Protocol
 
-from hashring.choice import OwnLoad, order
+from hashring.choice import OWNER_TRIES, OwnLoad, order
 from hashring.errors import EmptyRing
 from hashring.membership import RingWatcher
 from hashring.placement import place
@@ -24,7 +26,9 @@ from hashring.records import WorkerInfo
 from hashring.ring import DEFAULT_BALANCE, Ring
 from hashring.settings import RingSettings
 
-__all__ = ["RingRouter", "Router", "StaticRouter"]
+__all__ = ["HELD_VOICES", "RingRouter", "Router", "StaticRouter"]
+
+HELD_VOICES = 64  # voices remembered per worker as "it took this voice lately" (likely holds the adapter)
 
 
 class Router(Protocol):
@@ -34,6 +38,19 @@ class Router(Protocol):
 
     def pick(self, voice: str, loads: Mapping[str, int], exclude: Collection[str]) -> WorkerInfo:
         """The worker for one more utterance; raises EmptyRing when every worker is excluded."""
+        ...
+
+    def candidates(self, voice: str, loads: Mapping[str, int], exclude: Collection[str]) -> Iterator[WorkerInfo]:
+        """Every worker one more utterance may try, best first, lazily (`loads`: the pool's own
+        streams per worker now)."""
+        ...
+
+    def answered(self, worker_id: str, load: int, own: int) -> None:
+        """A worker's own count (`load`) rode on an answer; `own`: the pool's streams there now."""
+        ...
+
+    def took(self, worker_id: str, voice: str) -> None:
+        """A worker took an utterance of `voice` (so it likely holds the voice's adapter now)."""
         ...
 
     def owners(self, voice: str) -> tuple[WorkerInfo, ...]:
@@ -48,45 +65,66 @@ class Router(Protocol):
 class RingRouter:
     """Routes over a `RingWatcher`'s current view (the caller owns and starts the watcher).
 
-    `pick` is called with the pool's own open streams per worker; `rng` (seeded in tests) draws
-    the two choices and breaks ties."""
+    `candidates` is called with the pool's own streams per worker; `rng` (seeded in tests) draws
+    the two choices and breaks ties; `owner_tries` owners at most, then ring successors."""
 
     places = True
 
-    def __init__(self, watcher: RingWatcher, settings: RingSettings, *, rng: random.Random | None = None) -> None:
+    def __init__(self, watcher: RingWatcher, settings: RingSettings, *, rng: random.Random | None = None,
+                 owner_tries: int = OWNER_TRIES) -> None:
+        if owner_tries < 1:
+            raise ValueError("owner_tries must be >= 1")
         self._watcher = watcher
         self._settings = settings
         self._rng = rng or random.Random()
+        self._owner_tries = owner_tries
         self._own = OwnLoad(horizon_s=max(10.0, 4 * (settings.heartbeat_interval_s + settings.refresh_interval_s)))
+        self._held: dict[str, OrderedDict[str, None]] = {}  # worker -> voices it took lately, newest last
 
     def estimates(self, loads: Mapping[str, int]) -> dict[str, float]:
-        """This pool's estimate of every ring worker's streams: its last reported load plus this
-        pool's opens minus closes there since that report (`loads`: the pool's streams now)."""
+        """This pool's estimate of every ring worker's streams: its last reported load (heartbeat or
+        answer, the newer) plus this pool's opens minus closes there since (`loads`: the pool's
+        streams now)."""
         view = self._watcher.view
         now = time.monotonic()
         self._own.observe(now, loads)
         read_at = now - min(self._watcher.staleness_s, self._own.horizon_s)  # when the view was read
-        out: dict[str, float] = {}
-        for wid, state in view.workers.items():
-            if wid in view.ring:
-                reported_at = read_at - (state.heartbeat_age_s or 0.0)
-                out[wid] = max(0.0, state.load + self._own.since(wid, reported_at))
-        return out
+        return {wid: self._own.estimate(wid, read_at - (state.heartbeat_age_s or 0.0), state.load)
+                for wid, state in view.workers.items() if wid in view.ring}
 
-    def pick(self, voice: str, loads: Mapping[str, int], exclude: Collection[str]) -> WorkerInfo:
-        view = self._watcher.view
+    def answered(self, worker_id: str, load: int, own: int) -> None:
+        self._own.answered(worker_id, time.monotonic(), load, own)
+
+    def took(self, worker_id: str, voice: str) -> None:
+        held = self._held.setdefault(worker_id, OrderedDict())
+        held[voice] = None
+        held.move_to_end(voice)
+        if len(held) > HELD_VOICES:
+            held.popitem(last=False)
+
+    def candidates(self, voice: str, loads: Mapping[str, int], exclude: Collection[str]) -> Iterator[WorkerInfo]:
+        view = self._watcher.view  # one view for the whole walk
         placement = place(view, voice, self._settings)
         estimate = self.estimates(loads)
         weight = {n.id: n.weight for n in view.ring.nodes}
         capacity = {wid: float(view.workers[wid].info.capacity) for wid in weight}
         live = [w for w in weight if w not in exclude]
         if not live:
-            raise EmptyRing(f"every worker that could take voice {voice!r} was tried, is ejected or is full")
+            return
         bound = self._settings.balance * (sum(estimate.get(w, 0.0) for w in live) + 1) / sum(weight[w] for w in live)
-        for wid in order(placement.owners, lambda: view.ring.owners(voice, len(view.ring)), estimate, weight=weight,
-                         capacity=capacity, bound_per_weight=bound, rng=self._rng, exclude=exclude):
-            self._own.note(wid, time.monotonic(), loads.get(wid, 0) + 1)  # the stream about to open there
-            return view.worker(wid)
+
+        def successors() -> list[str]:  # ring order, those that took the voice lately first
+            ring_order = view.ring.owners(voice, len(view.ring))
+            return sorted(ring_order, key=lambda w: voice not in self._held.get(w, ()))
+
+        for wid in order(placement.owners, successors, estimate, weight=weight, capacity=capacity,
+                         bound_per_weight=bound, rng=self._rng, exclude=exclude, owner_tries=self._owner_tries):
+            yield view.worker(wid)
+
+    def pick(self, voice: str, loads: Mapping[str, int], exclude: Collection[str]) -> WorkerInfo:
+        for info in self.candidates(voice, loads, exclude):
+            self._own.note(info.id, time.monotonic(), loads.get(info.id, 0) + 1)  # the stream about to open there
+            return info
         raise EmptyRing(f"every worker that could take voice {voice!r} was tried, is ejected or is full")
 
     def owners(self, voice: str) -> tuple[WorkerInfo, ...]:
@@ -113,6 +151,22 @@ class StaticRouter:
 
     def pick(self, voice: str, loads: Mapping[str, int], exclude: Collection[str]) -> WorkerInfo:
         return self._infos[self._ring.choose(voice, loads, c=self._balance, exclude=exclude)]
+
+    def candidates(self, voice: str, loads: Mapping[str, int], exclude: Collection[str]) -> Iterator[WorkerInfo]:
+        skip = set(exclude)
+        while True:
+            try:
+                info = self.pick(voice, loads, skip)
+            except EmptyRing:
+                return
+            skip.add(info.id)
+            yield info
+
+    def answered(self, worker_id: str, load: int, own: int) -> None:
+        """Nothing to do: this pool's exact counts are the only loads a static pool routes on."""
+
+    def took(self, worker_id: str, voice: str) -> None:
+        """Nothing to do: a static ring's successors keep their ring order."""
 
     def owners(self, voice: str) -> tuple[WorkerInfo, ...]:
         return (self._infos[self._ring.owner(voice)],)

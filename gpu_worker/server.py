@@ -12,12 +12,23 @@ no message, however malformed, costs the connection or its other contexts:
 Back-pressure:
 
 - **admission**: past ``max_streams`` concurrent utterances on the worker, or the connection's
-  share of them (``max_streams_per_connection``), a `start` gets a retryable ``busy`` at once.
+  share of them (``max_streams_per_connection``), a `start` gets a retryable ``busy`` at once. A
+  worker in the ring also refuses (``busy``, before any model work) a start a ring-aware pool placed
+  that would take it past its share of the fleet's load: ``in_flight + 1 > ceil(admit_factor ×
+  fleet_mean)`` (`fleet_share`), unless the start ``insist``s (the pool's last try). A relayed
+  context that falls back to this worker's engine takes an engine slot then (``busy`` when none).
+- **the reader never waits on a context's work**: a cancel or a context-ending limit cancels the
+  context's task and returns; the context's one answer (`done` cancelled, or its `error`) is sent
+  by a closer task once the context's work has stopped, after any audio it had queued.
 - **slow consumers**: a message that cannot be queued, or written to the socket, within
   ``slow_consumer_s`` (the client stopped reading and the kernel's buffers are full) cuts the whole
   connection: its utterances are cancelled (aborting their engine requests), the socket is closed
   with 1008 "slow consumer" (or aborted if even that cannot be written), a log line and the
   ``slow_consumer`` metric record it, and no other connection waits on it.
+
+Protocol version 2 (`PROTOCOL_HEADER` on the handshake; every handshake is answered with it): such
+a connection also gets `opened` for each admitted start and the worker's ``load`` on `done`/`error`;
+a version-1 connection gets exactly the version-1 messages.
 
 With a cluster token set, the websocket handshake, /metrics and /prewarm need
 ``Authorization: Bearer <token>`` (401 otherwise); /health stays open for probes.
@@ -35,8 +46,9 @@ import hmac
 import json
 import logging
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
+from typing import Literal
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -46,13 +58,16 @@ from websockets.http11 import Request, Response
 
 from gpu_worker.errors import BacklogFull, BadMessage, BadRequest, Busy, EmptyText, SlowConsumer, TextTooLong, WorkerError
 from gpu_worker.prewarm import PrewarmBusy, Prewarms
-from gpu_worker.protocol import (MAX_MESSAGE_BYTES, MAX_VOICE_ID_BYTES, AudioChunk, Cancel, ClientMessage, Done, End, Error,
-                                 Flush, PushText, Rejected, Start, UtteranceStats, encode, parse_client)
+from gpu_worker.protocol import (MAX_MESSAGE_BYTES, MAX_VOICE_ID_BYTES, PROTOCOL_HEADER, PROTOCOL_VERSION, AudioChunk, Cancel,
+                                 ClientMessage, Done, End, Error, Flush, Opened, PushText, Rejected, Start, UtteranceStats,
+                                 encode, parse_client, protocol_version)
 from gpu_worker.proxy import Forwarder, ProxiedUtterance
-from gpu_worker.session import Backlog, SessionDeps, Utterance
+from gpu_worker.session import Backlog, Send, SessionDeps, Utterance
 from gpu_worker.settings import WorkerSettings
 from hashring.errors import InvalidVoiceId
 from hashring.placement import HeatRecorder
+from hashring.records import RingView
+from hashring.share import share_bound
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +75,27 @@ SLOW_CONSUMER_CLOSE = 1008
 INTERNAL_ERROR_CLOSE = 1011
 MAX_PREWARM = 256
 _ENDS_CONTEXT = (TextTooLong, BacklogFull, EmptyText)  # limits that end the context they were hit on
+
+
+Holds = Literal["engine", "relay"] | None  # which of the worker's counts a context takes (None: released)
+
+
+@dataclass(slots=True)
+class _Context:
+    """One context on a connection: its utterance, its task, the worker count it holds (a relay
+    that falls back to this engine moves to ``engine``), and whether the reader has ended it (its
+    one answer then comes from a closer task, once its work has stopped)."""
+
+    context_id: str
+    holds: Holds
+    utterance: Utterance | None = None  # set as soon as it is built (it needs this context's send)
+    task: asyncio.Task | None = None
+    ending: bool = False
+    closer: asyncio.Task | None = None  # sends its answer once the reader ended it and its work stopped
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
 
 
 @dataclass(slots=True)
@@ -70,24 +106,33 @@ class _Connection:
     outbox: asyncio.Queue
     slow_consumer_s: float
     backlog: Backlog
-    contexts: dict[str, tuple[Utterance, asyncio.Task]] = field(default_factory=dict)
+    version: int = 1  # the protocol version its handshake asked for (`protocol_version`)
+    contexts: dict[str, _Context] = field(default_factory=dict)
+    closers: set[asyncio.Task] = field(default_factory=set)  # each sends the answer of a context the reader ended
     stalled: bool = False
     cut: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def live(self, context_id: str | None) -> tuple[Utterance, asyncio.Task] | None:
-        """The context if it is still running (a finished task's entry is about to be removed)."""
-        entry = self.contexts.get(context_id) if context_id is not None else None
-        return entry if entry is not None and not entry[1].done() else None
+    def live(self, context_id: str | None) -> _Context | None:
+        """The context if it still runs and is not being ended (a finished task's entry is about to be removed)."""
+        ctx = self.contexts.get(context_id) if context_id is not None else None
+        return ctx if ctx is not None and ctx.running and not ctx.ending else None
 
     def live_count(self) -> int:
-        return sum(not task.done() for _, task in self.contexts.values())
+        """Contexts whose task still runs, ending ones included (they hold their slot until they stop)."""
+        return sum(ctx.running for ctx in self.contexts.values())
 
     async def send(self, message: object) -> None:
         """Queue a message for the writer; a client that stops reading is cut, not waited on forever."""
         if self.stalled:
             raise SlowConsumer("connection is being cut: the client stopped reading")
         try:
-            await asyncio.wait_for(self.outbox.put(message), timeout=self.slow_consumer_s)
+            self.outbox.put_nowait(message)  # the common case: room in the outbox, no task and no loop turn
+            return
+        except asyncio.QueueFull:
+            pass
+        try:
+            async with asyncio.timeout(self.slow_consumer_s):
+                await self.outbox.put(message)
         except TimeoutError:
             self.stall()
             raise SlowConsumer(f"client stopped reading for {self.slow_consumer_s:.1f} s; stream cut") from None
@@ -97,13 +142,25 @@ class _Connection:
         self.cut.set()
 
 
+def fleet_share(view: RingView, worker_id: str, in_flight: int, admit_factor: float) -> tuple[int, float]:
+    """This worker's share of the fleet's streams: ``(ceil(admit_factor × mean), mean)``, where mean
+    = (the reported loads of the live, undrained workers in ``view``, with this worker's exact
+    ``in_flight`` in place of its own report, + 1 for the start being decided) / their count (this
+    worker counted once, in the ring or not). A lone worker's share is never below ``in_flight + 1``."""
+    loads = view.loads
+    others = sum(load for wid, load in loads.items() if wid != worker_id)
+    return share_bound(others, in_flight, len(loads) + (worker_id not in loads), admit_factor)
+
+
 class WorkerServer:
     def __init__(self, settings: WorkerSettings, deps: SessionDeps, forwarder: Forwarder | None = None) -> None:
         self.settings = settings
         self.deps = deps
-        self.forwarder = forwarder  # set once the worker has joined the ring: voices it does not own are relayed
+        # set once the worker has joined the ring: voices it does not own are relayed, and its watcher's
+        # view and `ring_settings.admit_factor` bound its share of the fleet's load
+        self.forwarder = forwarder
         self.heat: HeatRecorder | None = None  # counts requests per voice for automatic replicas (entry worker only)
-        self.active = 0  # utterances this worker's engine speaks (its load in the ring)
+        self.active = 0  # utterances this worker's engine speaks, local fallbacks of relays included (its load)
         self.relayed = 0  # utterances relayed to their owners
         self.prewarms = Prewarms(deps.adapters.prewarm) if deps.adapters is not None else None
         if deps.metrics is not None:
@@ -173,7 +230,8 @@ class WorkerServer:
 
     async def serve(self) -> Server:
         return await serve(self.handle, self.settings.host, self.settings.port, process_request=self._process_request,
-                           max_size=MAX_MESSAGE_BYTES, ping_interval=20, ping_timeout=20, close_timeout=self.settings.close_timeout_s)
+                           process_response=_answer_version, max_size=MAX_MESSAGE_BYTES, ping_interval=20, ping_timeout=20,
+                           close_timeout=self.settings.close_timeout_s)
 
     async def aclose(self) -> None:
         if self.prewarms is not None:
@@ -184,8 +242,9 @@ class WorkerServer:
             sock = ws.transport.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.settings.socket_send_buffer)
+        version = protocol_version(ws.request.headers.get(PROTOCOL_HEADER)) if ws.request is not None else 1
         conn = _Connection(ws, asyncio.Queue(maxsize=self.settings.send_queue), self.settings.slow_consumer_s,
-                           Backlog(self.settings.connection_backlog_limit()))
+                           Backlog(self.settings.connection_backlog_limit()), version)
         writer = asyncio.create_task(self._write(conn), name="writer")
         reader = asyncio.create_task(self._read(conn), name="reader")
         cut = asyncio.create_task(conn.cut.wait(), name="cut")
@@ -194,14 +253,16 @@ class WorkerServer:
             if reader.done() and not reader.cancelled() and reader.exception() is not None:
                 await self._reader_died(conn, reader.exception())
         finally:
-            tasks = [task for _, task in conn.contexts.values()]
-            for utterance, task in conn.contexts.values():
-                if conn.stalled:
-                    utterance.fail(SlowConsumer("the connection was cut: the client stopped reading"))
+            tasks = [ctx.task for ctx in conn.contexts.values() if ctx.task is not None]
+            for ctx in conn.contexts.values():
+                if conn.stalled and ctx.utterance is not None:
+                    ctx.utterance.fail(SlowConsumer("the connection was cut: the client stopped reading"))
+                if ctx.task is not None:
+                    ctx.task.cancel()
+            closers = list(conn.closers)
+            for task in (*closers, reader, writer, cut):
                 task.cancel()
-            for task in (reader, writer, cut):
-                task.cancel()
-            await asyncio.gather(*tasks, reader, writer, cut, return_exceptions=True)
+            await asyncio.gather(*tasks, *closers, reader, writer, cut, return_exceptions=True)
             if conn.stalled:
                 await self._cut(conn)
 
@@ -210,11 +271,12 @@ class WorkerServer:
         log.error("connection reader died; ending its %d contexts", conn.live_count(), exc_info=exc,
                   extra={"remote": str(conn.ws.remote_address)})
         error = WorkerError(f"the worker stopped reading this connection ({type(exc).__name__}); reconnect")
-        for utterance, task in list(conn.contexts.values()):
-            if not task.done():
-                await self._end_context(conn, utterance, task, error, retryable=True)
+        for ctx in list(conn.contexts.values()):
+            if ctx.running and not ctx.ending:
+                self._end_context(conn, ctx, error, retryable=True)
         try:
             async with asyncio.timeout(self.settings.close_timeout_s):
+                await asyncio.gather(*conn.closers, return_exceptions=True)
                 while not conn.outbox.empty():
                     await asyncio.sleep(0.01)
                 await conn.ws.close(INTERNAL_ERROR_CLOSE, "worker error")
@@ -247,8 +309,8 @@ class WorkerServer:
         try:
             message = parse_client(raw)
         except BadMessage as exc:
-            if exc.message_type == "start" and exc.context_id is not None and conn.live(exc.context_id) is None:
-                await conn.send(Error(exc.code, exc.message, exc.retryable, exc.context_id))  # it never opened
+            if exc.message_type == "start" and exc.context_id is not None and exc.context_id not in conn.contexts:
+                await conn.send(self._stamped(conn, Error(exc.code, exc.message, exc.retryable, exc.context_id)))  # it never opened
             else:
                 await self._refuse(conn, exc, exc.message_type, exc.context_id)
             return
@@ -257,7 +319,11 @@ class WorkerServer:
         except (SlowConsumer, asyncio.CancelledError):
             raise
         except WorkerError as exc:
-            await self._refuse(conn, exc, message.type, message.context_id)
+            ending = conn.contexts.get(message.context_id)
+            if ending is not None and ending.closer is not None and not ending.closer.done():
+                self._refuse_after(conn, ending.closer, exc, message.type, message.context_id)
+            else:
+                await self._refuse(conn, exc, message.type, message.context_id)
         except Exception as exc:  # a bug handling this message: it is refused, the connection lives on
             log.exception("handling a '%s' message failed", message.type, extra={"context_id": message.context_id})
             await self._refuse(conn, WorkerError(f"internal error: {type(exc).__name__}"), message.type,
@@ -270,64 +336,126 @@ class WorkerServer:
         await conn.send(Rejected(exc.code, exc.message, exc.retryable if retryable is None else retryable,
                                  context_id, message_type))
 
+    def _refuse_after(self, conn: _Connection, closer: asyncio.Task, exc: WorkerError, message_type: str,
+                      context_id: str | None) -> None:
+        """Refuse a message for a context the reader is ending only after that context's own answer:
+        a client never sees `rejected` for a context before the `error` or `done` that ended it."""
+        async def refuse() -> None:
+            await asyncio.wait([closer])
+            with contextlib.suppress(SlowConsumer):
+                await self._refuse(conn, exc, message_type, context_id)
+
+        task = asyncio.create_task(refuse(), name=f"refuse-{context_id}")
+        conn.closers.add(task)
+        task.add_done_callback(conn.closers.discard)
+
     async def _dispatch(self, conn: _Connection, message: ClientMessage) -> None:
+        """Handle one message without waiting on any context's work (a slow context never delays
+        another's messages): a start is admitted and launched, the rest only touch buffers or cancel."""
         if isinstance(message, Start):
-            if conn.live(message.context_id) is not None:
-                raise BadRequest(f"context '{message.context_id}' is already active on this connection; "
-                                 "this start was ignored and the live context carries on")
-            try:
-                relay = self.forwarder is not None and self.forwarder.should_forward(message)
-                self._admit(conn, relay=relay)
-                if relay:
-                    utterance = ProxiedUtterance(message, self.deps, conn.send, self.forwarder, backlog=conn.backlog)
-                else:
-                    utterance = Utterance(message, self.deps, conn.send, backlog=conn.backlog)
-            except WorkerError as exc:  # the context never opened: this error is its end
-                await conn.send(Error(exc.code, exc.message, exc.retryable, message.context_id))
-                return
-            self._launch(conn, utterance)
-            if self.heat is not None and message.proxied_by is None:
-                with contextlib.suppress(InvalidVoiceId):  # its context gets the clear error when it resolves
-                    self.heat.record(message.voice)
+            await self._open(conn, message)
             return
-        entry = conn.live(message.context_id)
-        if entry is None:
+        ctx = conn.live(message.context_id)
+        if ctx is None:
+            ending = conn.contexts.get(message.context_id)
+            if ending is not None and (ending.running or ending.ending):
+                raise BadRequest(f"context '{message.context_id}' is ending: this message came after its end "
+                                 "(its done or error is sent first)")
             raise BadRequest(f"no active context '{message.context_id}'; send 'start' first")
-        utterance, task = entry
         if isinstance(message, Cancel):
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            if utterance.claim_end():
-                await conn.send(Done(message.context_id, UtteranceStats(), reason="cancelled"))
+            self._end_context(conn, ctx, None)
             return
         try:
             if isinstance(message, PushText):
-                utterance.push_text(message.text)
+                ctx.utterance.push_text(message.text)
             elif isinstance(message, Flush):
-                utterance.flush()
+                ctx.utterance.flush()
             elif isinstance(message, End):
-                utterance.end()
+                ctx.utterance.end()
         except _ENDS_CONTEXT as exc:
-            await self._end_context(conn, utterance, task, exc)
+            self._end_context(conn, ctx, exc)
 
-    async def _end_context(self, conn: _Connection, utterance: Utterance, task: asyncio.Task, exc: WorkerError,
-                           *, retryable: bool | None = None) -> None:
-        """Cancel a context (aborting its engine request, freeing its slot), then send its one error."""
-        utterance.fail(exc)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        if utterance.claim_end():
-            await conn.send(Error(exc.code, exc.message, exc.retryable if retryable is None else retryable,
-                                  utterance.context_id))
+    async def _open(self, conn: _Connection, start: Start) -> None:
+        """Admit a start (claiming its count at once), answer `opened` (v2), then launch its task."""
+        existing = conn.contexts.get(start.context_id)
+        if existing is not None and (existing.running or existing.ending):
+            if existing.ending:
+                raise BadRequest(f"context '{start.context_id}' is still ending on this connection; "
+                                 "wait for its done or error before starting it again")
+            raise BadRequest(f"context '{start.context_id}' is already active on this connection; "
+                             "this start was ignored and the live context carries on")
+        try:
+            relay = self.forwarder is not None and self.forwarder.should_forward(start)
+            ctx = _Context(start.context_id, self._admit(conn, start, relay=relay))
+        except WorkerError as exc:  # the context never opened: this error is its end
+            await conn.send(self._stamped(conn, Error(exc.code, exc.message, exc.retryable, start.context_id)))
+            return
+        conn.contexts[start.context_id] = ctx  # before any await: a second start with this id is refused
+        try:
+            send = self._context_send(conn, ctx)
+            if relay:
+                ctx.utterance = ProxiedUtterance(start, self.deps, send, self.forwarder, backlog=conn.backlog,
+                                                 claim_slot=lambda: self._claim_engine(ctx))
+            else:
+                ctx.utterance = Utterance(start, self.deps, send, backlog=conn.backlog)
+            if conn.version >= 2:
+                await conn.send(Opened(start.context_id, self.active))
+        except BaseException as exc:
+            self._release(conn, ctx)
+            if isinstance(exc, WorkerError):  # e.g. its text over a limit: it never opened
+                await conn.send(self._stamped(conn, Error(exc.code, exc.message, exc.retryable, start.context_id)))
+                return
+            raise
+        self._launch(conn, ctx)
+        if self.heat is not None and start.proxied_by is None:
+            with contextlib.suppress(InvalidVoiceId):  # its context gets the clear error when it resolves
+                self.heat.record(start.voice)
 
-    def _admit(self, conn: _Connection, *, relay: bool) -> None:
-        """``max_streams`` bounds what this worker's engine speaks; relayed utterances cost it only a
-        relay, so they have a bound of their own (``max_relayed_streams``)."""
+    def _end_context(self, conn: _Connection, ctx: _Context, exc: WorkerError | None, *,
+                     retryable: bool | None = None) -> None:
+        """End a context the reader decided to end (``exc`` None: the client cancelled it): cancel its
+        task (aborting its engine request, freeing its slot) and leave its one answer to a closer
+        task, so the reader goes on at once however long the context takes to stop."""
+        ctx.ending = True
+        if exc is not None:
+            ctx.utterance.fail(exc)
+        if ctx.task is not None:
+            ctx.task.cancel()
+        if exc is None:
+            answer: object = Done(ctx.context_id, UtteranceStats(), reason="cancelled")
+        else:
+            answer = Error(exc.code, exc.message, exc.retryable if retryable is None else retryable, ctx.context_id)
+        closer = ctx.closer = asyncio.create_task(self._close_context(conn, ctx, answer), name=f"close-{ctx.context_id}")
+        conn.closers.add(closer)
+        closer.add_done_callback(conn.closers.discard)
+
+    async def _close_context(self, conn: _Connection, ctx: _Context, answer: object) -> None:
+        try:
+            if ctx.task is not None:
+                await asyncio.gather(ctx.task, return_exceptions=True)  # its work has stopped: all its audio is queued
+            if ctx.utterance.claim_end():
+                with contextlib.suppress(SlowConsumer):
+                    await conn.send(self._stamped(conn, answer))
+        finally:  # only now is it gone: until its answer is out, messages for it are refused after that answer
+            if conn.contexts.get(ctx.context_id) is ctx:
+                del conn.contexts[ctx.context_id]
+
+    def _admit(self, conn: _Connection, start: Start, *, relay: bool) -> Holds:
+        """Refuse a start past a bound, or claim its count (synchronously: no await between the check
+        and the count). ``max_streams`` bounds what this worker's engine speaks, and for a placed start
+        in the ring so does its share of the fleet's load (not when it ``insist``s: a pool's last try);
+        relayed utterances cost it only a relay, so they have a bound of their own
+        (``max_relayed_streams``); a connection holds at most its share of the worker."""
         limit = self.settings.connection_stream_limit()
         reason, message = None, ""
         if not relay and self.active >= self.settings.max_streams:
             reason = "busy"
             message = f"worker is at its limit of {self.settings.max_streams} concurrent streams; try another replica"
+        elif not relay and self._shared(start) and (share := self._share()) is not None and self.active + 1 > share[0]:
+            reason = "share"
+            bound, mean = share
+            message = (f"worker holds {self.active} streams, over its share of the fleet (ceil({self._admit_factor()} "
+                       f"× mean {mean:.1f}) = {bound}); try another owner")
         elif relay and self.relayed >= self.settings.relay_stream_limit():
             reason = "busy"
             message = f"worker relays at most {self.settings.relay_stream_limit()} streams at once; try another worker"
@@ -338,27 +466,81 @@ class WorkerServer:
         if reason is not None:
             if self.deps.metrics is not None:
                 self.deps.metrics.rejected.labels(reason).inc()
+            if reason == "share" and start.placed and self.heat is not None:  # the pool must go past the owners
+                with contextlib.suppress(InvalidVoiceId):
+                    self.heat.spilled(start.voice)
             raise Busy(message)
-
-    def _launch(self, conn: _Connection, utterance: Utterance) -> None:
-        relayed = isinstance(utterance, ProxiedUtterance)
-        if relayed:
+        if relay:
             self.relayed += 1
-        else:
-            self.active += 1
-        task = asyncio.create_task(utterance.run(), name=f"ctx-{utterance.context_id}")
+            return "relay"
+        self.active += 1
+        return "engine"
 
-        def finished(_: asyncio.Task) -> None:  # runs even if the task was cancelled before it started
-            if relayed:
-                self.relayed -= 1
-            else:
-                self.active -= 1
-            utterance.release()
-            if conn.contexts.get(utterance.context_id, (None, None))[1] is task:
-                del conn.contexts[utterance.context_id]
+    @staticmethod
+    def _shared(start: Start) -> bool:
+        """Whether the share rule applies: to a start a ring-aware pool placed (it can try another
+        owner, and insists on its last try), never to one from a caller that does not know the ring
+        (a direct client has nowhere else to go: capacity alone bounds it)."""
+        return start.placed and not start.insist
 
-        task.add_done_callback(finished)
-        conn.contexts[utterance.context_id] = (utterance, task)
+    def _share(self) -> tuple[int, float] | None:
+        """This worker's share of the fleet's streams, or None outside the ring (capacity alone bounds it)."""
+        if self.forwarder is None:
+            return None
+        return fleet_share(self.forwarder.watcher.view, self.settings.worker_id, self.active, self._admit_factor())
+
+    def _admit_factor(self) -> float:
+        return self.forwarder.ring_settings.admit_factor if self.forwarder is not None else 0.0
+
+    def _claim_engine(self, ctx: _Context) -> None:
+        """A relayed context falls back to this worker's engine: it takes an engine slot (its relay
+        slot is given back), or is refused ``busy`` when the engine has none (bug M2: fallbacks
+        bypassed ``max_streams`` exactly under overload, and were missing from the load)."""
+        if ctx.holds == "engine":
+            return
+        if self.active >= self.settings.max_streams:
+            if self.deps.metrics is not None:
+                self.deps.metrics.rejected.labels("busy").inc()
+            raise Busy(f"no owner could take it and this worker is at its limit of {self.settings.max_streams} "
+                       "concurrent streams; try again shortly")
+        self.relayed -= ctx.holds == "relay"
+        self.active += 1
+        ctx.holds = "engine"
+
+    def _release(self, conn: _Connection, ctx: _Context) -> None:
+        if ctx.holds == "engine":
+            self.active -= 1
+        elif ctx.holds == "relay":
+            self.relayed -= 1
+        ctx.holds = None
+        if ctx.utterance is not None:
+            ctx.utterance.release()
+        if conn.contexts.get(ctx.context_id) is ctx and not ctx.ending:  # an ending one: its closer removes it
+            del conn.contexts[ctx.context_id]
+
+    def _launch(self, conn: _Connection, ctx: _Context) -> None:
+        assert ctx.utterance is not None
+        ctx.task = asyncio.create_task(ctx.utterance.run(), name=f"ctx-{ctx.context_id}")
+        ctx.task.add_done_callback(lambda _: self._release(conn, ctx))  # runs even if cancelled before it started
+
+    def _context_send(self, conn: _Connection, ctx: _Context) -> Send:
+        """A context's sends; on a v2 connection its `done`/`error` carry the load right after it ends
+        (its own engine slot, still held while it sends them, is not counted)."""
+        if conn.version < 2:
+            return conn.send
+
+        async def send(message: object) -> None:
+            if isinstance(message, Done | Error) and message.load is None:
+                message = replace(message, load=self.active - (ctx.holds == "engine"))
+            await conn.send(message)
+
+        return send
+
+    def _stamped(self, conn: _Connection, message: object) -> object:
+        """A `done`/`error` the reader or a closer sends, with the load on a v2 connection."""
+        if conn.version >= 2 and isinstance(message, Done | Error) and message.load is None:
+            return replace(message, load=self.active)
+        return message
 
     async def _write(self, conn: _Connection) -> None:
         """Drain the outbox; a write the client's socket cannot take within slow_consumer_s cuts it."""
@@ -374,6 +556,14 @@ class WorkerServer:
                     return
         except ConnectionClosed:
             pass
+
+
+def _answer_version(connection: ServerConnection, request: Request, response: Response) -> Response:
+    """Every websocket handshake is answered with this worker's protocol version, so a client knows
+    whether it may send version-2 fields (`Start.insist`)."""
+    if response.status_code == HTTPStatus.SWITCHING_PROTOCOLS:
+        response.headers[PROTOCOL_HEADER] = str(PROTOCOL_VERSION)
+    return response
 
 
 def _response(status: HTTPStatus, body: bytes, content_type: str, *, retry_after: int | None = None) -> Response:

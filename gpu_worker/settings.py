@@ -59,6 +59,9 @@ class WorkerSettings(BaseSettings):
                                 "so one client cannot take every slot")
     max_relayed_streams: int | None = Field(None, ge=1, description="utterances relayed to their owners at once "
                                                                    "(default: 4 x max_streams)")
+    relay_timeout_s: float = Field(
+        20.0, gt=0, description="the longest a relayed utterance waits on its owner, for first audio and between "
+                                "chunks; below the callers' pools (30 s), so this hop answers before the caller's clock fires")
     # per-context and per-connection limits on text (checked before anything is buffered)
     max_text_chars: int = Field(MAX_TEXT_CHARS, ge=1, description="characters buffered before a flush (one segment)")
     max_queued_segments: int = Field(16, ge=1, description="flushed segments waiting to be spoken, per context")

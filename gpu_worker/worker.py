@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from gpu_worker.adapters import AdapterCache, AdapterStore
 from gpu_worker.cluster import drain, join_cluster
@@ -110,9 +110,12 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
     finally:
         engine_watch.cancel()
         dead = not engine.alive()
+        # Each step below runs whatever the one before did: a failure (Redis gone, a bug) is logged,
+        # and the server still closes and the engine still shuts down.
         if cluster is not None:  # a dead engine serves nothing: leave at once
-            await drain(cluster, lambda: server.active + server.relayed, 0.0 if dead else settings.drain_grace_s)
-        await membership.__aexit__(None, None, None)
+            await _step("draining", drain(cluster, lambda: server.active + server.relayed,
+                                          0.0 if dead else settings.drain_grace_s))
+        await _step("leaving the ring", membership.__aexit__(None, None, None))
         await watchdog.__aexit__(None, None, None)
         ws_server.close()
         await ws_server.wait_closed()
@@ -122,6 +125,14 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
     if dead:
         raise EngineError("the vLLM engine core died while serving (its log is above): this worker left the ring "
                           "and exits so its supervisor starts a new one")
+
+
+async def _step(what: str, step: Awaitable[object]) -> None:
+    """One shutdown step that must not stop the ones after it."""
+    try:
+        await step
+    except Exception:
+        log.exception("%s failed during shutdown; going on with the rest of it", what)
 
 
 async def _watch_engine(engine: SpeechEngine, stop: asyncio.Event, interval_s: float = 1.0) -> None:

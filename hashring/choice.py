@@ -3,9 +3,12 @@ estimates (pure; the pool's `RingRouter` and `bench/ring.py` run exactly this).
 
     estimate(w) = load w reported in its last heartbeat + this router's own opens minus closes
                   at w since that heartbeat (`OwnLoad`)
+                  or, when a worker's own count rode on an answer newer than that heartbeat
+                  (`opened`, `done`, `error`), that count + own opens minus closes since then
     order       = two distinct random owners, the better first (power of two choices)
-                  then the other owners, better first
-                  then the ring's successors, in preference order
+                  then the other owners, better first (at most `owner_tries` owners in all)
+                  then the ring's successors, in preference order (`successors()`: the caller
+                  may put first those that already hold the voice's adapter)
                   and last, any of those whose estimate is at its capacity
     better      = (over c × the mean, estimate / weight, random tie-break)
 
@@ -25,7 +28,9 @@ import random
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
-__all__ = ["OwnLoad", "order"]
+__all__ = ["OWNER_TRIES", "OwnLoad", "order"]
+
+OWNER_TRIES = 3  # owners a request tries (each may refuse: `busy`) before the ring's successors
 
 
 def order(
@@ -38,13 +43,32 @@ def order(
     bound_per_weight: float,
     rng: random.Random,
     exclude: Collection[str] = (),
+    owner_tries: int | None = None,
 ) -> Iterator[str]:
     """Candidates for one more request, best first (lazily: most callers take the first).
 
     `owners`: the voice's placement, preference order; `successors()`: the rest of the ring in
     preference order (called only if every owner is excluded or full); `estimate`: this router's
     estimate per worker (missing: 0); `bound_per_weight`: c × (estimated total + 1) / total
-    weight, the load bound per unit weight."""
+    weight, the load bound per unit weight; `owner_tries`: at most this many owners are yielded
+    (None: all), the rest are left out (a request refused by that many owners spills)."""
+    candidates = _order(owners, successors, estimate, weight=weight, capacity=capacity,
+                        bound_per_weight=bound_per_weight, rng=rng, exclude=exclude)
+    if owner_tries is None:
+        yield from candidates
+        return
+    owner_set, tried = set(owners), 0
+    for w in candidates:
+        if w in owner_set:
+            if tried >= owner_tries:
+                continue
+            tried += 1
+        yield w
+
+
+def _order(owners: Sequence[str], successors: Callable[[], Sequence[str]], estimate: Mapping[str, float], *,
+           weight: Mapping[str, float], capacity: Mapping[str, float], bound_per_weight: float, rng: random.Random,
+           exclude: Collection[str]) -> Iterator[str]:
     full: list[str] = []
     free = [w for w in owners if w not in exclude]
 
@@ -101,6 +125,7 @@ class OwnLoad:
         self._times: dict[str, deque[float]] = {}
         self._counts: dict[str, deque[int]] = {}
         self._pruned: set[str] = set()  # workers whose oldest sample stands for everything before it
+        self._answers: dict[str, tuple[float, int]] = {}  # worker -> (when, load) of its last answer with a load
 
     def note(self, worker: str, at: float, count: int) -> None:
         counts = self._counts.get(worker)
@@ -144,3 +169,17 @@ class OwnLoad:
     def since(self, worker: str, t: float) -> int:
         """Own opens minus closes at `worker` since time `t`."""
         return self.now(worker) - self.at(worker, t)
+
+    def answered(self, worker: str, at: float, load: int, count: int) -> None:
+        """`worker` told its own count `load` at `at` (on an answer), when this router had `count`
+        streams there: from now on it is the report estimates start from, until a newer one."""
+        self.note(worker, at, count)
+        self._answers[worker] = (at, load)
+
+    def estimate(self, worker: str, reported_at: float, reported: int) -> float:
+        """Streams at `worker` now: the newer of its heartbeat (`reported` at `reported_at`) and its
+        last answer, brought up to now by this router's opens minus closes since."""
+        at, load = self._answers.get(worker, (reported_at, reported))
+        if at < reported_at:
+            at, load = reported_at, reported
+        return max(0.0, load + self.since(worker, at))

@@ -8,8 +8,13 @@ it was forgotten) it registers again.
 Reader side, `RingWatcher`: holds the current `RingView`. It re-reads Redis whenever an epoch is
 published and at least every `refresh_interval_s` (pub/sub is fire-and-forget, so a lost message
 costs at most one interval). A worker whose heartbeat is older than `heartbeat_ttl_s` is reaped by
-the first reader that looks, so it is out of every reader's ring within TTL + one refresh. When
-Redis is unreachable the watcher keeps serving the last view and reports how stale it is.
+the first reader that looks, so it is out of every reader's ring within TTL + one refresh; not
+within a TTL of a Redis outage ending, though (no heartbeat could be written during it; see
+`hashring.store`). When Redis is unreachable the watcher keeps serving the last view and reports
+how stale it is. When Redis comes back without its data (its epoch went back, or its incarnation
+changed) the watcher keeps its ring until every worker of it has registered again, or for one
+heartbeat TTL, whichever comes first: workers re-register one by one, and a reader that took the
+first partial ring would move most voices twice.
 
 No failure ends a background task: Redis down, Redis refusing commands (OOM, READONLY after a
 failover), unreadable data or a stray message on the channel are logged (once per streak), kept
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -31,6 +37,10 @@ from hashring.store import RingStore, Subscription
 __all__ = ["Heartbeat", "RingWatcher"]
 
 log = logging.getLogger(__name__)
+
+# How long a leaving worker tries to deregister (the writer's retries included) before it gives up
+# and lets the heartbeat TTL take it out of the ring: shutdown must not hang on a dead Redis.
+LEAVE_TIMEOUT_S = 3.0
 
 
 def _no_load() -> int:
@@ -133,9 +143,14 @@ class Heartbeat:
             await _stop(task)
         if deregister:
             try:
-                await self._store.deregister(self._info.id)
+                async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                    await self._store.deregister(self._info.id)
             except RingError as exc:
-                log.warning("worker %s could not leave the ring cleanly: %s", self._info.id, exc.message)
+                log.warning("worker %s could not leave the ring cleanly (the heartbeat TTL takes it out): %s",
+                            self._info.id, exc.message)
+            except TimeoutError:
+                log.warning("worker %s could not leave the ring within %.0f s (Redis unreachable?); the heartbeat "
+                            "TTL takes it out", self._info.id, LEAVE_TIMEOUT_S)
 
     async def __aenter__(self) -> Heartbeat:
         await self.start()
@@ -185,6 +200,9 @@ class RingWatcher:
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
+        self._incarnation = ""  # of the Redis data set the view came from ('' unknown)
+        self._lost_at: float | None = None  # when this reader first saw Redis without the view's data
+        self._withheld: frozenset[str] = frozenset()
 
     # -- what readers use -------------------------------------------------------------------------
 
@@ -223,6 +241,16 @@ class RingWatcher:
     def listen_error(self) -> Exception | None:
         """Why the pub/sub listener last failed; None while it is subscribed. Refreshes go on meanwhile."""
         return self._listen.error
+
+    async def withhold(self, worker_id: str) -> None:
+        """Treat `worker_id` as draining in this reader's view from now on, whatever Redis says: a
+        worker draining itself while Redis is unreachable stops routing new starts to itself."""
+        self._withheld |= {worker_id}
+        async with self._lock:
+            if self._view is not None and worker_id in self._view.ring:
+                self._view = await asyncio.to_thread(self._view.without, worker_id)
+        async with self._changed:
+            self._changed.notify_all()
 
     async def wait_for(self, predicate: Callable[[RingView], bool], timeout: float) -> RingView:
         """Wait until the view satisfies `predicate`; raises TimeoutError after `timeout` seconds."""
@@ -265,33 +293,64 @@ class RingWatcher:
         async with self._lock:
             try:
                 snap = await self._store.snapshot()
+                if self._withheld:
+                    snap = dataclasses.replace(snap, draining=snap.draining | (self._withheld & snap.live))
                 view = await asyncio.to_thread(
                     RingView.from_snapshot, snap, vnodes=self._settings.vnodes, previous=self._view)
             except Exception as exc:
                 self._error = exc
                 raise
-            if self._lost_data(snap, view):
+            held = self._hold_back(snap, view)
+            if held is not None:
                 assert self._view is not None
-                self._error = RingUnavailable(
-                    f"Redis has no ring (epoch {snap.epoch}, {len(snap.workers)} workers): it probably restarted "
-                    f"without its data; serving the last ring (epoch {self._view.epoch}) until workers re-register")
-                log.warning(self._error.message)
+                self._error = RingUnavailable(held)
                 return self._view
             if self._view is not None and view.epoch != self._view.epoch:
                 log.info("ring epoch %d -> %d: %d workers in the ring", self._view.epoch, view.epoch, len(view.ring))
             self._view = view
+            self._incarnation = snap.incarnation or self._incarnation
             self._synced_at = asyncio.get_running_loop().time()
             self._error = None
         async with self._changed:
             self._changed.notify_all()
         return view
 
-    def _lost_data(self, snap: Snapshot, view: RingView) -> bool:
-        # An empty ring whose epoch went back means Redis lost its data (restarted without
-        # persistence, or flushed); a legitimately empty ring (every worker left, drained or died)
-        # comes with a higher epoch, since each of those changes bumped it.
+    def _hold_back(self, snap: Snapshot, view: RingView) -> str | None:
+        """Why the new view must not replace the cached one yet (None: take it).
+
+        Redis lost its data (restarted without persistence, or flushed) when its epoch went back
+        (epochs only grow) or its incarnation token changed. Then an empty ring is never taken
+        while the epoch is behind (a legitimately empty ring, every worker gone, comes with a
+        higher epoch since each of those changes bumped it), and a partial one only once every
+        worker of the cached ring is back in it or a heartbeat TTL has passed since this reader
+        first saw the loss (a live worker re-registers within one heartbeat interval)."""
         old = self._view
-        return old is not None and len(old.ring) > 0 and len(view.ring) == 0 and snap.epoch < old.epoch
+        epoch_back = old is not None and snap.epoch < old.epoch
+        new_data = bool(self._incarnation and snap.incarnation and snap.incarnation != self._incarnation)
+        if old is None or len(old.ring) == 0 or not (epoch_back or new_data):
+            self._lost_at = None
+            return None
+        now = asyncio.get_running_loop().time()
+        if self._lost_at is None:
+            self._lost_at = now
+            log.warning("Redis lost the ring's data (epoch %d -> %d, %d workers registered): it probably restarted "
+                        "without persistence; keeping the last ring until its workers have registered again",
+                        old.epoch, snap.epoch, len(snap.workers))
+        if len(view.ring) == 0 and epoch_back:
+            return (f"Redis has no ring (epoch {snap.epoch}, {len(snap.workers)} workers): it probably restarted "
+                    f"without its data; serving the last ring (epoch {old.epoch}) until workers re-register")
+        missing = sorted(n.id for n in old.ring.nodes if n.id not in view.ring)
+        waited = now - self._lost_at
+        if missing and waited < self._settings.heartbeat_ttl_s:
+            return (f"Redis restarted without its data (epoch {old.epoch} -> {snap.epoch}); {len(view.ring)} of the "
+                    f"last ring's {len(old.ring)} workers have registered again, waiting up to "
+                    f"{self._settings.heartbeat_ttl_s - waited:.1f} s more for {', '.join(missing[:5])}"
+                    f"{' ...' if len(missing) > 5 else ''} before taking the new ring")
+        if missing:
+            log.warning("taking the rebuilt ring without %s: not back within the heartbeat TTL (%.1f s)",
+                        ", ".join(missing[:5]), self._settings.heartbeat_ttl_s)
+        self._lost_at = None
+        return None
 
     # -- background tasks -------------------------------------------------------------------------
 

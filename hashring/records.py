@@ -6,7 +6,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
 from typing import Final, Literal
 
@@ -119,7 +119,7 @@ class WorkerState:
     info: WorkerInfo
     status: WorkerStatus
     load: int  # streams it reported in its last heartbeat
-    heartbeat_age_s: float | None  # seconds since its last heartbeat (Redis clock); None if never
+    heartbeat_age_s: float | None  # seconds since its last heartbeat (ring clock: outages do not count); None if never
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +127,7 @@ class Snapshot:
     """Everything one read of Redis returns, taken atomically (one Lua script)."""
 
     epoch: int
-    server_time: float
+    server_time: float  # the ring clock: Redis time less the outages so far (hashring.store)
     workers: Mapping[str, WorkerInfo]
     heartbeats: Mapping[str, float]
     live: frozenset[str]
@@ -135,6 +135,7 @@ class Snapshot:
     loads: Mapping[str, int]
     replicas: Mapping[str, int]  # operator floor per voice
     auto_replicas: Mapping[str, int]  # automatic count per hot voice
+    incarnation: str = ""  # set once per Redis data set: a new one means Redis lost its data ('' unknown)
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,15 @@ class RingView:
             replicas=MappingProxyType(dict(snap.replicas)),
             auto_replicas=MappingProxyType(dict(snap.auto_replicas)),
         )
+
+    def without(self, worker_id: str) -> RingView:
+        """This view with `worker_id` out of the ring, shown as draining (a reader's own drain)."""
+        if worker_id not in self.ring:
+            return self
+        workers = dict(self.workers)
+        if worker_id in workers:
+            workers[worker_id] = replace(workers[worker_id], status="draining")
+        return replace(self, ring=self.ring.without_node(worker_id), workers=MappingProxyType(workers))
 
     @property
     def loads(self) -> dict[str, int]:

@@ -9,11 +9,12 @@ from typing import Final
 
 from hashring.ring import DEFAULT_BALANCE, DEFAULT_VNODES
 
-__all__ = ["HEARTBEAT_ENV", "REDIS_URL_ENV", "REFRESH_ENV", "RetryPolicy", "RingSettings"]
+__all__ = ["ADMIT_FACTOR_ENV", "HEARTBEAT_ENV", "REDIS_URL_ENV", "REFRESH_ENV", "RetryPolicy", "RingSettings"]
 
 REDIS_URL_ENV: Final = "VOICERING_REDIS_URL"
 HEARTBEAT_ENV: Final = "VOICERING_RING_HEARTBEAT_INTERVAL_S"  # RingSettings.heartbeat_interval_s
 REFRESH_ENV: Final = "VOICERING_RING_REFRESH_INTERVAL_S"  # RingSettings.refresh_interval_s
+ADMIT_FACTOR_ENV: Final = "VOICERING_RING_ADMIT_FACTOR"  # RingSettings.admit_factor
 _DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 
 
@@ -56,6 +57,8 @@ class RingSettings:
     heat_half_life_s: float = 60.0  # slow window: the request-rate counter halves every this many seconds (scale down)
     heat_fast_half_life_s: float = 5.0  # short window (scale up)
     scale_down_hold_s: float = 60.0  # no lowering of a voice the cool loop raised less than this long ago
+    # admission: a worker refuses a start when in_flight + 1 > min(capacity, ceil(admit_factor × fleet mean))
+    admit_factor: float = 1.35  # how far above the fleet's mean load one worker may go before it refuses
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_s <= 0 or self.refresh_interval_s <= 0:
@@ -72,21 +75,25 @@ class RingSettings:
             raise ValueError("replica_headroom must be in (0, 1] and min_replica_streams > 0")
         if not (0 < self.heat_fast_half_life_s <= self.heat_half_life_s):
             raise ValueError("heat_fast_half_life_s must be > 0 and at most heat_half_life_s")
+        if not self.admit_factor > 1:  # at 1 or below, a fleet at its mean refuses everything
+            raise ValueError(f"admit_factor must be > 1, got {self.admit_factor}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> RingSettings:
-        """Settings with the Redis URL taken from VOICERING_REDIS_URL and the membership cadence from
-        VOICERING_RING_HEARTBEAT_INTERVAL_S / VOICERING_RING_REFRESH_INTERVAL_S (read here, once);
-        `overrides` win over the environment."""
+        """Settings with the Redis URL taken from VOICERING_REDIS_URL, the membership cadence from
+        VOICERING_RING_HEARTBEAT_INTERVAL_S / VOICERING_RING_REFRESH_INTERVAL_S and the admission
+        factor from VOICERING_RING_ADMIT_FACTOR (read here, once); `overrides` win over the environment."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         if env.get(REDIS_URL_ENV):
             values["redis_url"] = env[REDIS_URL_ENV]
-        for name, key in (("heartbeat_interval_s", HEARTBEAT_ENV), ("refresh_interval_s", REFRESH_ENV)):
+        for name, key, what in (("heartbeat_interval_s", HEARTBEAT_ENV, "a number of seconds"),
+                                ("refresh_interval_s", REFRESH_ENV, "a number of seconds"),
+                                ("admit_factor", ADMIT_FACTOR_ENV, "a number above 1")):
             if env.get(key):
                 try:
                     values[name] = float(env[key])
                 except ValueError:
-                    raise ValueError(f"{key} must be a number of seconds, got {env[key]!r}") from None
+                    raise ValueError(f"{key} must be {what}, got {env[key]!r}") from None
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]

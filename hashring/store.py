@@ -26,6 +26,16 @@ Key layout (P = settings.prefix, "voicering:ring" by default):
     P:spills       hash    voice id -> requests that landed past its owners since the cool loop last looked
     P:lock:<name>  string  a lease (`acquire_lock`): the holder's random token, with a PX expiry;
                            "cool" is the autoscaler's, so one process of the fleet cools at a time
+    P:clock        hash    seen: Redis time of the last membership script; paused: seconds of outages
+                           so far (gaps with no script longer than the outage gap); incarnation: a
+                           random token set once, so a reader can tell Redis lost its data
+
+Heartbeat times are on the ring clock, Redis time minus the outages so far (`paused`): it stands
+still while nobody could write a heartbeat (Redis down, hung or refusing writes), so a worker is
+reaped only after a TTL of silence during which it could have heartbeated. On Redis time, the
+first reader after an outage longer than the TTL reaped the whole fleet and every reader's ring
+emptied and refilled; a worker that died during an outage is reaped a TTL (less the silence it had
+before the outage) after Redis is back.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import logging
 import math
 import random
 import re
+import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -54,9 +65,34 @@ __all__ = ["RingStore", "Subscription", "rate_of", "redact_url"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_WARM = 10_000  # voices flagged warm between two cool-loop ticks, at most (bounded memory)
+# A gap with no membership script (heartbeat, register, snapshot) longer than this share of the
+# heartbeat TTL counts as an outage and stops the ring clock: live workers heartbeat every interval
+# and readers refresh every refresh interval, so only an outage (or a fleet with no process at all)
+# leaves such a gap. Shorter than TTL - interval, so an outage the clock ignores reaps nobody.
+OUTAGE_GAP_FRACTION = 0.5
 
 _NOW = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) + tonumber(t[2]) / 1000000\n"
 _BUMP = "local e = redis.call('INCR', KEYS[{epoch}])\nredis.call('PUBLISH', ARGV[{channel}], e)\n"
+
+# ring_time(key, now, gap, token): notes that Redis answers at `now` (Redis time) and returns the
+# ring clock (now minus every gap longer than `gap` seconds with no membership script) and the
+# incarnation token (set to `token` if there is none yet; '' when token is '' or the write is
+# refused). Writes go through pcall: under OOM or on a read-only replica nothing is stored, and each
+# script computes the same ring clock from the last stored `seen`, which then stands still.
+_RING_TIME = """
+local function ring_time(key, now, gap, token)
+  local c = redis.call('HMGET', key, 'seen', 'paused', 'incarnation')
+  local paused = tonumber(c[2] or '0')
+  if c[1] and now - tonumber(c[1]) > gap then
+    paused = paused + now - tonumber(c[1])
+    redis.pcall('HSET', key, 'paused', string.format('%.6f', paused))
+  end
+  local inc = c[3]
+  if not inc and token ~= '' and type(redis.pcall('HSET', key, 'incarnation', token)) == 'number' then inc = token end
+  redis.pcall('HSET', key, 'seen', string.format('%.6f', now))
+  return now - paused, inc or ''
+end
+"""
 
 # Error replies that mean "not now" rather than "never": out of memory (noeviction), a primary
 # turned replica by a failover, loading, a busy script, no quorum. The code is the first word of a
@@ -64,8 +100,9 @@ _BUMP = "local e = redis.call('INCR', KEYS[{epoch}])\nredis.call('PUBLISH', ARGV
 # it is also looked for after a '-'.
 _TRANSIENT = re.compile(r"(?:^|-)(OOM|READONLY|LOADING|BUSY|MASTERDOWN|NOREPLICAS|MISCONF|TRYAGAIN|CLUSTERDOWN)\b")
 
-# KEYS: workers heartbeats live load epoch   ARGV: id json channel
-_REGISTER = _NOW + """
+# KEYS: workers heartbeats live load epoch draining self_draining clock   ARGV: id json channel outage_gap_s
+_REGISTER = _NOW + _RING_TIME + """
+now = ring_time(KEYS[8], now, tonumber(ARGV[4]), '')
 if redis.call('SREM', KEYS[7], ARGV[1]) == 1 then redis.call('SREM', KEYS[6], ARGV[1]) end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[2], now, ARGV[1])
@@ -73,12 +110,12 @@ redis.call('SADD', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], 0)
 """ + _BUMP.format(epoch=5, channel=3) + "return e"
 
-# KEYS: workers heartbeats live load epoch   ARGV: id load channel
+# KEYS: workers heartbeats live load epoch clock   ARGV: id load channel outage_gap_s
 # Returns -1 if the worker is not registered (Redis lost its data, or it was forgotten),
 # the new epoch if it came back to life, else 0.
-_HEARTBEAT = """
+_HEARTBEAT = _NOW + _RING_TIME + """
+now = ring_time(KEYS[6], now, tonumber(ARGV[4]), '')
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
-""" + _NOW + """
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 if redis.call('SADD', KEYS[3], ARGV[1]) == 1 then
@@ -191,10 +228,14 @@ _RELEASE_LOCK = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 return redis.call('DEL', KEYS[1])"""
 
-# KEYS: workers heartbeats live draining load epoch replicas auto   ARGV: ttl_s forget_after_s channel
+# KEYS: workers heartbeats live draining load epoch replicas auto clock
+# ARGV: ttl_s forget_after_s channel outage_gap_s incarnation_token
 # Reaps workers whose heartbeat is older than the TTL (out of `live`, epoch bumped) and forgets
-# those silent for forget_after_s, then returns the whole state in one atomic read.
-_SNAPSHOT = _NOW + """
+# those silent for forget_after_s, both on the ring clock (outages do not count); then returns the
+# whole state in one atomic read, the ring clock as the server time, and the incarnation.
+_SNAPSHOT = _NOW + _RING_TIME + """
+local incarnation
+now, incarnation = ring_time(KEYS[9], now, tonumber(ARGV[4]), ARGV[5])
 local changed = false
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('(%.6f', now - tonumber(ARGV[1])))) do
   if redis.call('SREM', KEYS[3], id) == 1 then changed = true end
@@ -216,7 +257,7 @@ end
 return {epoch, string.format('%.6f', now),
   redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'),
   redis.call('SMEMBERS', KEYS[3]), redis.call('SMEMBERS', KEYS[4]), redis.call('HGETALL', KEYS[5]),
-  redis.call('HGETALL', KEYS[7]), redis.call('HGETALL', KEYS[8])}"""
+  redis.call('HGETALL', KEYS[7]), redis.call('HGETALL', KEYS[8]), incarnation}"""
 
 
 def redact_url(url: str) -> str:
@@ -246,6 +287,7 @@ class _Keys:
         self.warm = f"{prefix}:warm"
         self.spills = f"{prefix}:spills"
         self._lock = f"{prefix}:lock:"
+        self.clock = f"{prefix}:clock"  # when Redis last answered, the outages so far, its incarnation
 
     def heat(self, voice: str) -> str:
         return self._heat + voice.encode("utf-8").hex()
@@ -303,6 +345,10 @@ class RingStore:
     @property
     def settings(self) -> RingSettings:
         return self._settings
+
+    @property
+    def _outage_gap_s(self) -> float:
+        return self._settings.heartbeat_ttl_s * OUTAGE_GAP_FRACTION
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -367,15 +413,16 @@ class RingStore:
         its own shutdown and never cleared (it died while draining) does not: it is back."""
         k = self.keys
         return int(await self._write(lambda: self._register(
-            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch, k.draining, k.self_draining],
-            args=[info.id, info.to_json(), k.events])))
+            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch, k.draining, k.self_draining, k.clock],
+            args=[info.id, info.to_json(), k.events, self._outage_gap_s])))
 
     async def heartbeat(self, worker_id: str, load: int) -> int:
         """Refresh a worker's heartbeat and load (one attempt). Returns -1 when the worker must
         register again, the new epoch if it had been reaped, 0 otherwise."""
         k = self.keys
         return int(await self._call(self._heartbeat(
-            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch], args=[worker_id, int(load), k.events])))
+            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch, k.clock],
+            args=[worker_id, int(load), k.events, self._outage_gap_s])))
 
     async def deregister(self, worker_id: str) -> int:
         """Remove a worker now (graceful leave); returns the new epoch."""
@@ -482,12 +529,13 @@ class RingStore:
     # -- reads ------------------------------------------------------------------------------------
 
     async def snapshot(self) -> Snapshot:
-        """Reap silent workers, then read all ring state atomically (one attempt)."""
+        """Reap silent workers (silence during an outage does not count), then read all ring state
+        atomically (one attempt). `server_time` and the heartbeats are on the ring clock."""
         s, k = self._settings, self.keys
         raw = await self._call(self._snapshot(
-            keys=[k.workers, k.heartbeats, k.live, k.draining, k.load, k.epoch, k.replicas, k.auto],
-            args=[s.heartbeat_ttl_s, s.forget_after_s, k.events]))
-        epoch, now, workers, beats, live, draining, loads, replicas, auto = raw
+            keys=[k.workers, k.heartbeats, k.live, k.draining, k.load, k.epoch, k.replicas, k.auto, k.clock],
+            args=[s.heartbeat_ttl_s, s.forget_after_s, k.events, self._outage_gap_s, secrets.token_hex(8)]))
+        epoch, now, workers, beats, live, draining, loads, replicas, auto, incarnation = raw
         infos: dict[str, WorkerInfo] = {}
         for wid, blob in _pairs(workers):
             try:
@@ -505,6 +553,7 @@ class RingStore:
                 loads={w.decode(): int(n) for w, n in _pairs(loads)},
                 replicas={v.decode(): int(n) for v, n in _pairs(replicas)},
                 auto_replicas={v.decode(): int(n) for v, n in _pairs(auto)},
+                incarnation=incarnation.decode(),
             )
         except (ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
             raise RingError(

@@ -44,6 +44,7 @@ from lora_training.stop import Stop
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 0.5
+CANCEL_POLL_S = 1.0  # a running job's cancel request is read this often (the lease renews every lease_ms / 3)
 BACKOFF_FIRST_S = 0.5  # first wait after a Redis failure; doubles up to TrainSettings.retry_max_s
 
 
@@ -90,6 +91,9 @@ class RedisReporter:
 class Heartbeat:
     """Renews the lease every lease_ms / 3 and re-claims the entry; turns cancel or loss into a stop.
 
+    The cancel request is read every CANCEL_POLL_S, apart from the renewals: with the default 30 s
+    lease a creator would otherwise wait up to 10 s before the job even looked.
+
     A second thread watches the lease by this trainer's clock, because a renewal can hang on a
     cut connection for longer than the lease itself.
     """
@@ -112,12 +116,16 @@ class Heartbeat:
 
     def _renew(self) -> None:
         job_id = self.delivery.job_id
-        while not self._done.wait(self.lease.lease_ms / 3000.0):
+        renew_every_s = self.lease.lease_ms / 3000.0
+        renew_at = time.monotonic() + renew_every_s
+        while not self._done.wait(min(CANCEL_POLL_S, renew_every_s)):
             try:
-                if not self.lease.renew():
-                    self.stop.set(LeaseLost(f"job {job_id}: lease lost; another trainer may own it now"))
-                    return
-                self.queue.touch(self.delivery, self.consumer)
+                if time.monotonic() >= renew_at:
+                    if not self.lease.renew():
+                        self.stop.set(LeaseLost(f"job {job_id}: lease lost; another trainer may own it now"))
+                        return
+                    self.queue.touch(self.delivery, self.consumer)
+                    renew_at = time.monotonic() + renew_every_s
                 status = self.queue.status(job_id)
                 if status is not None and status.cancel_requested:
                     self.stop.set(JobStopped(f"job {job_id} was cancelled"))

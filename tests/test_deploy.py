@@ -94,9 +94,9 @@ def real_env_names() -> frozenset[str]:
     aliases (nested models with the delimiter), hashring's Redis URL, the CLI's envvar options."""
     from pydantic import AliasChoices, BaseModel
 
-    from hashring.settings import HEARTBEAT_ENV, REDIS_URL_ENV, REFRESH_ENV
+    from hashring.settings import ADMIT_FACTOR_ENV, HEARTBEAT_ENV, REDIS_URL_ENV, REFRESH_ENV
 
-    names = {REDIS_URL_ENV, HEARTBEAT_ENV, REFRESH_ENV}
+    names = {REDIS_URL_ENV, HEARTBEAT_ENV, REFRESH_ENV, ADMIT_FACTOR_ENV}
     for cls in settings_classes().values():
         prefix = cls.model_config.get("env_prefix", "")
         delimiter = cls.model_config.get("env_nested_delimiter")

@@ -34,6 +34,7 @@ STEPS = 16  # enough optimizer steps (~0.5 s each on CPU here) that a delete lan
 PARAMS = {"rank": 8, "alpha": 16, "max_steps": STEPS, "save_steps": STEPS, "batch_size": 1, "grad_accum": 1,
           "logging_steps": 1, "eval_max_clips": 2}
 LEASE_MS = 3000  # the trainer's heartbeat (lease / 3) sees a cancel within a second
+SAMPLE_MAX_TOKENS = 7 * 6 + 1  # the validation sample: 6 frames through the real engine prove it as well as 36
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def trainer(stand_in, worker, redis_server, adapter_store, train_prefix, tmp_pat
            "--work-dir", str(folder / "work"), "--worker-url", worker.url, "--consumer", "e2e-trainer",
            "--lease-ms", str(LEASE_MS), "--claim-idle-ms", str(LEASE_MS)]
     env = {**os.environ, "VOICERING_TRAIN_QUEUE_PREFIX": train_prefix, "VOICERING_TRAIN_DEVICE": "cpu",
-           "VOICERING_TRAIN_BLOCK_MS": "200"}
+           "VOICERING_TRAIN_BLOCK_MS": "200", "VOICERING_TRAIN_SAMPLE_MAX_TOKENS": str(SAMPLE_MAX_TOKENS)}
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
     proc.log = log  # type: ignore[attr-defined]

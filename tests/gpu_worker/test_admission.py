@@ -17,7 +17,7 @@ from websockets.exceptions import ConnectionClosed
 from bench.worker import derive_voice
 from gpu_worker.adapters import publish_adapter
 from gpu_worker.client import WorkerClient, WorkerRequestError
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import PROTOCOL_HEADER, UtteranceOptions
 from tests.fixtures.models import start_worker
 
 SMALL = {"VOICERING_WORKER_MAX_CPU_LORAS": "2", "VOICERING_WORKER_SEND_QUEUE": "2",
@@ -150,6 +150,59 @@ async def test_text_waiting_to_be_spoken_is_bounded_per_connection(small_worker)
         third = await client.say("tara", "b " * 600, options=UtteranceOptions(max_tokens=15, seed=6))  # room again
         assert third.done.reason == "completed"
     await small_worker.wait_idle()
+
+
+async def _next_text(ws, context_id: str, timeout: float = 60.0) -> str:
+    """The next JSON message (raw, as sent) for `context_id`; audio frames are skipped."""
+    async with asyncio.timeout(timeout):
+        while True:
+            raw = await ws.recv()
+            if isinstance(raw, str) and json.loads(raw).get("context_id") == context_id:
+                return raw
+
+
+async def _start(ws, context_id: str, options: dict) -> None:
+    await ws.send(json.dumps({"type": "start", "context_id": context_id, "voice": "tara", "text": "Hello.", "options": options}))
+    await ws.send(json.dumps({"type": "end", "context_id": context_id}))
+
+
+async def test_version_2_connections_get_opened_and_loads_and_version_1_the_same_bytes_as_before(small_worker):
+    """Issue #20: the worker answers every handshake with its protocol version; a connection that
+    asked for version 2 gets `opened` at admission and the worker's load on every `done`/`error`,
+    and a version-1 connection gets exactly the messages it always got."""
+    long, short = {"max_tokens": 3000, "seed": 11}, {"max_tokens": 15, "seed": 12}
+    async with connect(small_worker.url, additional_headers={PROTOCOL_HEADER: "2"}) as v2, connect(small_worker.url) as v1:
+        assert v2.response.headers[PROTOCOL_HEADER] == v1.response.headers[PROTOCOL_HEADER] == "2"
+        await _start(v2, "a", long)
+        assert json.loads(await _next_text(v2, "a")) == {"context_id": "a", "load": 1, "type": "opened"}
+        await _start(v1, "b", long)
+        assert isinstance(await asyncio.wait_for(v1.recv(), 60), bytes)  # no `opened` on version 1: audio first
+        await _start(v1, "c", short)  # the worker is full (2 of 2)
+        assert await _next_text(v1, "c") == ('{"code":"busy","message":"worker is at its limit of 2 concurrent streams; '
+                                             'try another replica","retryable":true,"context_id":"c","type":"error"}')
+        await _start(v2, "d", short)
+        assert json.loads(await _next_text(v2, "d"))["load"] == 2
+        await v2.send(json.dumps({"type": "cancel", "context_id": "a"}))
+        done = json.loads(await _next_text(v2, "a"))
+        assert (done["type"], done["reason"], done["load"]) == ("done", "cancelled", 1)  # b still speaks
+        await v1.send(json.dumps({"type": "cancel", "context_id": "b"}))
+        assert await _next_text(v1, "b") == encode_v1_cancelled("b")
+        await _start(v2, "e", short)  # a whole utterance on version 2
+        assert json.loads(await _next_text(v2, "e")) == {"context_id": "e", "load": 1, "type": "opened"}
+        done = json.loads(await _next_text(v2, "e"))
+        assert (done["type"], done["reason"], done["load"], done["stats"]["frames"]) == ("done", "completed", 0, 2)
+        await _start(v1, "f", short)
+        done = json.loads(await _next_text(v1, "f"))
+        assert list(done) == ["context_id", "stats", "reason", "type"] and done["stats"]["frames"] == 2
+    await small_worker.wait_idle()
+
+
+def encode_v1_cancelled(context_id: str) -> str:
+    """A cancelled `done` as version 1 wrote it (the encoding of issue #19's protocol, field for field)."""
+    stats = {"ttfb_ms": None, "audio_s": 0.0, "tokens": 0, "frames": 0, "invalid_tokens": 0, "segments": 0, "wall_s": 0.0,
+             "rtf": None, "head_silence_dropped_ms": 0.0, "engine_requests": 0, "finish_reason": "", "served_by": "",
+             "proxied": False}
+    return json.dumps({"context_id": context_id, "stats": stats, "reason": "cancelled", "type": "done"}, separators=(",", ":"))
 
 
 def test_zz_worker_shuts_down_cleanly(small_worker):

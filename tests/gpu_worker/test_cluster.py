@@ -20,7 +20,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from gpu_worker.adapters import publish_adapter
-from gpu_worker.client import WorkerClient, WorkerRequestError
+from gpu_worker.client import MAX_CONNECTION_ERRORS, WorkerClient, WorkerRequestError, collect
 from gpu_worker.protocol import UtteranceOptions
 from hashring import RingSettings
 from hashring.membership import RingWatcher
@@ -58,19 +58,22 @@ def alive(cluster) -> list[str]:
     return [wid for wid, handle in cluster.items() if handle.proc.poll() is None]
 
 
-async def in_step(cluster, watcher: RingWatcher, timeout: float = 30) -> None:
+async def in_step(cluster, watcher: RingWatcher, timeout: float = 30, *, streaming: str | None = None) -> None:
     """Wait until every live worker is idle and its own ring view is the test's view (same epoch,
     same size) with every heartbeat load back at 0: then the test's idea of where a voice goes
     (its placement owner; bounded-load routing spills from a worker still counted busy) is every
-    worker's idea too."""
+    worker's idea too. ``streaming``: a worker out of the ring (drained) whose own streams may go
+    on; its load counts in no ring, so it cannot sway routing."""
     deadline = time.monotonic() + timeout
     while True:
         view = watcher.view
-        healths = [await asyncio.to_thread(cluster[wid].health) for wid in alive(cluster)]
+        healths = {wid: await asyncio.to_thread(cluster[wid].health) for wid in alive(cluster)}
+        assert streaming is None or streaming not in view.ring, f"{streaming} still in the ring"
         if (not any(view.loads.values())
                 and all(h.get("ring_epoch") == view.epoch and h.get("ring_workers") == len(view.ring)
-                        and h.get("ring_load") == 0 and h["active_streams"] == 0 and h["relayed_streams"] == 0
-                        for h in healths)):
+                        and h.get("ring_load") == 0 and (wid == streaming or h["active_streams"] == 0)
+                        and h["relayed_streams"] == 0
+                        for wid, h in healths.items())):
             return
         assert time.monotonic() < deadline, f"workers never caught up with ring epoch {view.epoch}: {healths}"
         await asyncio.sleep(0.2)
@@ -171,6 +174,24 @@ async def test_the_owner_s_errors_are_relayed_as_they_came(cluster, ring):
     assert err.value.error.code == "unknown_voice" and not err.value.retryable
 
 
+async def test_a_client_keeps_only_the_latest_connection_errors(cluster, ring):
+    """Refusals for a context that has ended are not tied to a live stream: the client keeps the
+    latest MAX_CONNECTION_ERRORS of them and counts the rest, however many the worker sends."""
+    sent = 3 * MAX_CONNECTION_ERRORS
+    async with await WorkerClient.connect(cluster["worker-a"].url) as client:
+        stream = await client.start(owned_by(ring, "worker-a"), "Done soon.", options=FAST)
+        await collect(stream)
+        for i in range(sent):
+            await stream.push(f"too late {i}")  # the context has ended: each push is refused
+        deadline = time.monotonic() + 30
+        while client.connection_errors_total < sent:
+            assert time.monotonic() < deadline, f"only {client.connection_errors_total} of {sent} refusals came back"
+            await asyncio.sleep(0.05)
+        assert len(client.connection_errors) == MAX_CONNECTION_ERRORS
+        assert all(e.code == "bad_request" and e.context_id == stream.context_id for e in client.connection_errors)
+        await client.say(owned_by(ring, "worker-a"), "Still fine.", options=FAST)  # the link lives on
+
+
 async def test_scaling_a_voice_prewarms_it_on_its_new_owner(cluster, ring, redis_server, adapter_store):
     """`voicering ring scale VOICE 2`: the voice's new second owner loads its adapter on its own,
     before any request for it arrives there. The voice is published now, after every worker's
@@ -251,10 +272,12 @@ async def test_ring_drain_under_traffic_moves_new_starts_and_lets_streams_finish
         try:
             assert "draining" in await ring_cli(redis_server, "drain", "worker-c")
             await watcher.wait_for(lambda v: "worker-c" not in v.ring, timeout=10)
-            await in_step(cluster, watcher)
+            # C's own 60-frame stream goes on meanwhile: waiting here for it to end too made the
+            # wait hang on how fast a loaded 2-core box generates 60 frames (it flaked at 30 s).
+            await in_step(cluster, watcher, streaming="worker-c")
             via_a = await on_a.say(voice, "Not on C.", options=FAST)
             via_c = await on_c.say(voice, "Sent to C.", options=FAST)
-            pcm = await rest
+            pcm = await asyncio.wait_for(rest, 180)  # it finishes whole, however slow the box
         finally:
             await ring_cli(redis_server, "undrain", "worker-c")
         assert stream.done.reason == "completed" and stream.done.stats.frames == frames and pcm

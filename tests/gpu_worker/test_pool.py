@@ -234,7 +234,7 @@ async def test_refused_and_silent_peers_are_ejected_and_requests_still_succeed(w
             assert accepted[0] == 1
             for pid in (refused_id, silent_id):
                 stats = pool.peer_stats(pid)
-                assert stats.ejections == 1 and stats.ejection_s == 30.0 and 20 < stats.ejected_for_s <= 30
+                assert stats.ejections == 1 and stats.ejection_s == 30.0 and 0 < stats.ejected_for_s <= 30  # still ejected (a loaded box may take 10 s+ to get here)
             assert pool.handshakes == 1  # only the live worker ever answered
     await worker.wait_idle()
 

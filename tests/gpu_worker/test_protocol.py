@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from gpu_worker.engine import check_vllm_version
 from gpu_worker.errors import BadMessage, EngineError
-from gpu_worker.protocol import Error, Rejected, encode, parse_client, parse_server
+from gpu_worker.protocol import (PROTOCOL_HEADER, PROTOCOL_VERSION, Done, Error, Opened, Rejected, Start, UtteranceStats, encode,
+                                 parse_client, parse_server, protocol_version)
 
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
@@ -70,3 +71,54 @@ def test_only_the_vllm_line_the_engine_is_written_for_starts(version, ok):
     else:
         with pytest.raises(EngineError, match="0.32"):
             check_vllm_version(version)
+
+
+# -- version 2 (issue #20): opened, load, insist; version-1 bytes unchanged -----------------------------
+
+V1_START = ('{"context_id":"c1","voice":"tara","text":"Hi.","options":{"temperature":null,"top_p":null,'
+            '"repetition_penalty":null,"max_tokens":null,"seed":null,"trim_silence":null,"constraint":null},'
+            '"proxied_by":null,"placed":true,"type":"start"}')
+V1_ERROR = '{"code":"busy","message":"full","retryable":true,"context_id":"c1","type":"error"}'
+
+
+def test_version_1_messages_are_the_same_bytes_as_before():
+    """A version-2 field at its absent value is left out: a version-1 worker accepts what a new pool
+    sends it, and a version-1 client reads exactly the old messages."""
+    assert encode(Start("c1", "tara", "Hi.", placed=True)) == V1_START
+    assert encode(Error("busy", "full", True, "c1")) == V1_ERROR
+    done = json.loads(encode(Done("c1", UtteranceStats(frames=2))))
+    assert list(done) == ["context_id", "stats", "reason", "type"]
+    assert list(done["stats"]) == ["ttfb_ms", "audio_s", "tokens", "frames", "invalid_tokens", "segments", "wall_s", "rtf",
+                                   "head_silence_dropped_ms", "engine_requests", "finish_reason", "served_by", "proxied"]
+
+
+def test_version_2_fields_travel_when_set():
+    assert json.loads(encode(Start("c1", "tara", insist=True)))["insist"] is True
+    assert parse_client(encode(Start("c1", "tara", insist=True))).insist is True
+    assert parse_client(V1_START).insist is False
+    assert parse_server(encode(Error("busy", "full", True, "c1", load=0))).load == 0  # 0 is a load, not absent
+    assert parse_server(encode(Done("c1", UtteranceStats(), load=3))).load == 3
+    assert parse_server(V1_ERROR).load is None
+    assert parse_server(encode(Opened("c1", 2))) == Opened("c1", 2)
+
+
+def test_insist_must_be_a_boolean():
+    with pytest.raises(BadMessage, match="insist") as err:
+        parse_client(json.dumps({"type": "start", "context_id": "c1", "voice": "tara", "insist": 1}))
+    assert (err.value.message_type, err.value.context_id) == ("start", "c1")
+
+
+def test_server_messages_with_fields_from_a_newer_worker_still_parse():
+    raw = json.dumps({"type": "done", "context_id": "c1", "reason": "completed", "load": 1, "shiny": [1],
+                      "stats": {"frames": 2, "served_by": "w", "new_stat": 1.5}})
+    message = parse_server(raw)
+    assert isinstance(message, Done) and message.stats.frames == 2 and message.load == 1
+    assert parse_server('{"type": "opened", "context_id": "c1", "load": 0, "queue": 3}') == Opened("c1", 0)
+    assert parse_server('{"type": "rejected", "code": "x", "message": "m", "hint": "h"}').code == "x"
+
+
+@pytest.mark.parametrize(("header", "version"), [(None, 1), ("1", 1), ("2", 2), ("3", PROTOCOL_VERSION), ("two", 1),
+                                                 ("", 1), ("0", 1), ("-5", 1)])
+def test_the_negotiated_version_is_what_both_sides_speak(header, version):
+    assert PROTOCOL_VERSION == 2 and PROTOCOL_HEADER == "x-voicering-protocol"
+    assert protocol_version(header) == version

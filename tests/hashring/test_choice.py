@@ -64,6 +64,30 @@ def test_own_load_brings_an_old_report_up_to_now():
     assert own.at("a", 0.0) == 1 and own.since("a", 15.0) == 4
 
 
+def test_at_most_owner_tries_owners_then_the_successors():
+    owners = RING.owners("v", 6)
+    for seed in range(20):
+        got = list(order(owners, lambda: RING.owners("v", len(NODES)), {}, weight=WEIGHT, capacity=CAP,
+                         bound_per_weight=100.0, rng=random.Random(seed), owner_tries=3))
+        assert len(got) == 3 + 2 and set(got[:3]) <= set(owners)  # three owners, then the two non-owners
+        assert got[3:] == [w for w in RING.owners("v", len(NODES)) if w not in owners]
+    got = candidates(owners, {}, rng=random.Random(0))  # no bound: every owner
+    assert set(got[:6]) == set(owners)
+
+
+def test_a_load_on_an_answer_replaces_an_older_heartbeat_and_yields_to_a_newer_one():
+    own = OwnLoad(horizon_s=10)
+    own.note("a", 1.0, 1)
+    assert own.estimate("a", 0.5, 4) == 5  # heartbeat before our open: 4 + 1
+    own.answered("a", 2.0, 9, 1)  # the worker said 9 (ours included) at 2.0
+    assert own.estimate("a", 0.5, 4) == 9
+    own.note("a", 3.0, 3)  # two more of ours since the answer
+    assert own.estimate("a", 0.5, 4) == 11
+    assert own.estimate("a", 2.5, 2) == 2 + 2  # a heartbeat newer than the answer wins
+    own.note("a", 4.0, 0)
+    assert own.estimate("b", 0.0, 0) == 0 and own.estimate("a", 3.5, 0) == 0  # never below zero
+
+
 S = RingSettings()
 
 

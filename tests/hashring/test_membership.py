@@ -209,7 +209,9 @@ async def test_two_reader_processes_compute_the_same_owners(ring_settings):
 
 
 async def test_redis_killed_and_restarted_readers_serve_from_cache_then_resync(ring_settings, redis_server):
-    s = ring_settings
+    # The reader holds its ring for up to one TTL while the workers register again one by one
+    # (tests/hashring/test_outage.py); 3 s of it covers three re-registrations on a loaded CI box.
+    s = dataclasses.replace(ring_settings, heartbeat_ttl_s=3.0)
     async with AsyncExitStack() as stack:
         stack.callback(redis_server.start)  # leave the shared server running whatever happens
         store = await stack.enter_async_context(RingStore(s))
@@ -318,7 +320,7 @@ async def test_odd_voice_ids_never_shape_redis_keys(ring_settings):
         stack.push_async_callback(raw.aclose)
         keys = {k.decode() async for k in raw.scan_iter(f"{ring_settings.prefix}:*")}
         pattern = re.compile(re.escape(ring_settings.prefix)
-                             + r":(epoch|workers|heartbeats|live|load|replicas|fleet|warm|heat:[0-9a-f]+)")
+                             + r":(epoch|workers|heartbeats|live|load|replicas|fleet|warm|clock|heat:[0-9a-f]+)")
         assert keys and all(pattern.fullmatch(k) for k in keys), keys
         assert sum(k.startswith(f"{ring_settings.prefix}:heat:") for k in keys) == len(voices)
 
@@ -393,13 +395,16 @@ async def test_tasks_ride_out_redis_refusing_writes_and_recover(ring_settings):
         with pytest.raises(RingUnavailable) as err:  # writers retry, then give up with a retryable error
             await store.set_draining("w0", True)
         assert "refused the command (OOM)" in err.value.message
-        # Silent past the TTL, the workers leave the ring (the reap itself may write under OOM).
+        # Silent past the TTL: no heartbeat can be written, so that silence says nothing about the
+        # workers and nobody is reaped (an outage of the ring's writes, see test_outage.py).
         await asyncio.sleep(s.heartbeat_ttl_s + 2 * s.refresh_interval_s)
         assert all(isinstance(b.last_error, RingUnavailable) for b in beats)
+        assert members(watcher) == {"w0", "w1"}
 
-        await restore()  # the heartbeats that kept trying bring both workers back
+        await restore()  # the heartbeats that kept trying work again
         after = await watcher.wait_for(lambda v: len(v.ring) == 2 and not watcher.stale, 5)
-        assert after.ring.digest() == before.ring.digest() and all(b.last_error is None for b in beats)
+        await _poll(lambda: all(b.last_error is None for b in beats), 3)
+        assert after.ring.digest() == before.ring.digest()
         await store.set_draining("w0", True)  # pub/sub and the refresh loop both carry on
         await watcher.wait_for(lambda v: members(watcher) == {"w1"}, 3)
 
@@ -511,3 +516,19 @@ async def test_a_stray_cancellation_does_not_end_the_heartbeat(redis_url, monkey
                 break
             await asyncio.sleep(0.1)
         assert calls["n"] > 8 and "stray-1" in (await store.snapshot()).live
+
+
+async def test_a_withheld_worker_stays_out_of_this_reader_s_ring_only(ring_settings):
+    """A worker's own drain when Redis cannot be told: its own view drops it at once and keeps it
+    out over later refreshes, while Redis (and every other reader) still has it."""
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(RingStore(ring_settings))
+        mine = await stack.enter_async_context(RingWatcher(store))
+        other = await stack.enter_async_context(RingWatcher(store))
+        await start_workers(stack, store, 2)
+        await mine.wait_for(lambda v: len(v.ring) == 2, 5)
+        await mine.withhold("w1")
+        assert members(mine) == {"w0"} and mine.view.workers["w1"].status == "draining"
+        await mine.refresh()
+        await other.refresh()
+        assert members(mine) == {"w0"} and members(other) == {"w0", "w1"}

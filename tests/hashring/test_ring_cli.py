@@ -160,8 +160,44 @@ def test_bench_figures_small():
         assert 0.0 <= figures[f"route_{name}_spill_fraction"] <= 1.0
     for name in SCENARIOS:
         assert figures[f"route_{name}_refusals_per_request"] >= 0
+        assert 0 <= figures[f"route_{name}_insisted_per_request"] <= figures[f"route_{name}_refusals_per_request"]
+        assert figures[f"route_{name}_unplaced_fraction"] == 0  # capacity 32 at a mean of 16: someone takes it
         assert 0 < figures[f"route_{name}_adapter_loads_per_1000"] <= 1000
+    # Workers that refuse above their share of the fleet (the built rule) cut the peak the router
+    # rule alone leaves (workers refusing only at capacity), at the price of some refusals.
+    assert figures["route_reported+own_peak_over_mean_p99"] < figures["route_capacity-only_peak_over_mean_p99"]
+    assert figures["route_reported+own_refusals_per_request"] > figures["route_capacity-only_refusals_per_request"]
     # The rule before issue #20 (arg-min on stale loads, replicas capped at 8) herds; two random
     # choices among owners sized by load share do not, and stay on the owners.
     assert figures["route_legacy_peak_over_mean_p99"] > figures["route_reported+own_peak_over_mean_p99"]
     assert figures["route_reported+own_spill_fraction"] < figures["route_legacy_spill_fraction"]
+
+def test_the_modelled_share_is_the_workers_rule():
+    from bench.ring import share_limit
+
+    # mean = (others 10 + own 4 + the start being decided 1) / 5 = 3; ceil(1.35 × 3) = 5 (4.05)
+    assert share_limit(4, 10, 5, capacity=32, admit_factor=1.35, insist=False) == 5
+    assert share_limit(0, 0, 1, capacity=32, admit_factor=1.35, insist=False) == 2  # a lone worker admits
+    assert share_limit(1, 1, 2, capacity=32, admit_factor=1.35, insist=False) == 3  # 1.35 × 1.5 = 2.025
+    assert share_limit(0, 2, 2, capacity=32, admit_factor=1.5, insist=False) == 3  # 1.5 × 1.5 = 2.25: no float drift
+    assert share_limit(9, 0, 4, capacity=8, admit_factor=1.35, insist=False) == 4
+    assert share_limit(9, 0, 4, capacity=8, admit_factor=1.35, insist=True) == 8  # insist: only the capacity
+    assert share_limit(30, 3000, 10, capacity=8, admit_factor=1.35, insist=False) == 8
+
+
+def test_the_modelled_share_matches_the_worker_s_own_function():
+    """bench/ring.py mirrors gpu_worker.server.fleet_share on plain numbers (one view per decision
+    would make the run far slower); both must agree wherever they are asked."""
+    from bench.ring import share_limit
+    from gpu_worker.server import fleet_share
+    from hashring.records import RingView, Snapshot, WorkerInfo
+
+    ids = [f"w{i}" for i in range(4)]
+    for reported in ([0, 0, 0, 0], [3, 1, 4, 1], [7, 7, 0, 2], [12, 0, 0, 0]):
+        snap = Snapshot(1, 100.0, {w: WorkerInfo(w, f"ws://{w}", f"ws://{w}") for w in ids}, dict.fromkeys(ids, 100.0),
+                        frozenset(ids), frozenset(), dict(zip(ids, reported, strict=True)), {}, {})
+        view = RingView.from_snapshot(snap, vnodes=16)
+        for in_flight in range(10):
+            share, _mean = fleet_share(view, "w0", in_flight, 1.35)
+            assert min(8, share) == share_limit(in_flight, sum(reported[1:]), 4, capacity=8, admit_factor=1.35,
+                                                insist=False), (reported, in_flight)

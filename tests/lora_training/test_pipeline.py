@@ -39,7 +39,8 @@ def test_train_cli_publishes_a_voice_that_the_worker_serves(uploads, train_setti
     from voicering.cli import app
 
     for key, value in {"PARAMS__SAVE_STEPS": "2", "PARAMS__BATCH_SIZE": "1", "PARAMS__GRAD_ACCUM": "1",
-                       "PARAMS__LOGGING_STEPS": "1", "PARAMS__EVAL_MAX_CLIPS": "2", "DEVICE": "cpu"}.items():
+                       "PARAMS__LOGGING_STEPS": "1", "PARAMS__EVAL_MAX_CLIPS": "2", "DEVICE": "cpu",
+                       "SAMPLE_MAX_TOKENS": str(7 * 6 + 1)}.items():  # a 6-frame validation sample
         monkeypatch.setenv(f"VOICERING_TRAIN_{key}", value)
     args = ["train", "alice", "--tenant", "acme", "--audio", str(uploads.folder), "--transcripts", str(uploads.manifest),
             "--model", str(train_settings.base_model), "--codec", str(train_settings.codec), "--store", str(adapter_store),

@@ -1,0 +1,175 @@
+"""The relay's clocks, against real `voicering worker` processes in their own ring: an entry worker
+with a short ``idle_timeout_s`` and an owner (the real vLLM engine on stand-in weights).
+
+- M4 (issue 20): a relayed context is idle only while neither text comes in nor audio comes
+  back; the entry used to end it with ``idle_timeout`` while the owner was still speaking.
+- L5 (issue 20): an owner that never speaks is this hop's to give up on. The entry's relay
+  deadline (`RELAY_FIRST_AUDIO_TIMEOUT_S`, 20 s) fires before the caller's pool waits out its own
+  ``first_audio_timeout_s`` (30 s, the gateway's default), and its retryable ``worker_timeout``
+  is taken by that pool as an answer: the entry worker is not ejected. The owner that never
+  speaks is a small real websocket server written here (it takes the link and every message and
+  answers none), registered in the same Redis ring with a real heartbeat, because a real worker
+  cannot be made to hang on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from websockets.asyncio.server import ServerConnection, serve
+
+from gpu_worker.adapters import publish_adapter
+from gpu_worker.client import WorkerClient, WorkerRequestError
+from gpu_worker.pool import PoolSettings, WorkerPool
+from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.proxy import RELAY_FIRST_AUDIO_TIMEOUT_S
+from hashring import RingSettings
+from hashring.membership import Heartbeat, RingWatcher
+from hashring.placement import place
+from hashring.records import WorkerInfo
+from hashring.store import RingStore
+from tests.fixtures.models import cluster_args, start_worker
+
+PREFIX = "test:relay"
+ENTRY, OWNER, SILENT = "relay-entry", "relay-owner", "relay-silent"
+VOICES = [f"relay/v{i}" for i in range(24)]
+IDLE_S = 6.0  # the entry's idle_timeout_s (a loaded 2-core box can stall the owner for seconds)
+CALLER_FIRST_AUDIO_S = 30.0  # the gateway's pool default (PoolSettings.first_audio_timeout_s)
+
+
+@pytest.fixture(scope="module")
+def pair(stand_in, adapter_store, redis_server, tmp_path_factory):
+    for name in VOICES:
+        if not (adapter_store / name).exists():
+            publish_adapter(adapter_store / "tara", adapter_store, name)
+    logs = tmp_path_factory.mktemp("relay")
+
+    def start(wid: str, env: dict[str, str]):
+        return start_worker(stand_in, adapter_store, logs / f"{wid}.log", "--max-loras", "2", "--max-streams", "8",
+                            *cluster_args(redis_server.url, wid), env={"VOICERING_WORKER_RING_PREFIX": PREFIX, **env})
+
+    with ThreadPoolExecutor(2) as threads:
+        entry_f = threads.submit(start, ENTRY, {"VOICERING_WORKER_IDLE_TIMEOUT_S": str(IDLE_S)})
+        owner_f = threads.submit(start, OWNER, {})
+        handles = {}
+        try:
+            handles = {ENTRY: entry_f.result(), OWNER: owner_f.result()}
+        finally:
+            if len(handles) < 2:
+                for f in (entry_f, owner_f):
+                    with contextlib.suppress(Exception):
+                        f.result().stop()
+    yield handles
+    for handle in handles.values():
+        handle.stop()
+
+
+def settings(redis_server) -> RingSettings:
+    return RingSettings(redis_url=redis_server.url, prefix=PREFIX)
+
+
+async def owned_alone_by(pair, redis_server, wid: str, members: int) -> str:
+    """A voice placed on `wid` alone, once the entry's own view holds `members` workers."""
+    ring = settings(redis_server)
+    async with RingStore(ring) as store, RingWatcher(store) as watcher:
+        view = await watcher.wait_for(lambda v: len(v.ring) == members and wid in v.ring, timeout=60)
+        deadline = time.monotonic() + 60
+        while (health := await asyncio.to_thread(pair[ENTRY].health))["ring_workers"] != members:
+            assert time.monotonic() < deadline, f"the entry never saw {members} workers: {health}"
+            await asyncio.sleep(0.2)
+        return next(v for v in VOICES if tuple(place(view, v, ring).owners) == (wid,))
+
+
+async def test_a_relayed_context_is_not_idle_while_its_owner_speaks(pair, redis_server):
+    """Text flushed, no `end` (a caller streaming text as an LLM writes it), and the owner speaking
+    a long segment: the entry keeps relaying past its idle timeout (it used to end the context
+    with `idle_timeout` IDLE_S after the flush); a cancel then ends it."""
+    voice = await owned_alone_by(pair, redis_server, OWNER, 2)
+    async with await WorkerClient.connect(pair[OWNER].url) as direct:  # the owner loads the voice first
+        await direct.say(voice, "Warm up.", options=UtteranceOptions(max_tokens=15, seed=1))
+    async with await WorkerClient.connect(pair[ENTRY].url) as client:
+        stream = await client.start(voice, "A long one, spoken while no more text comes.",
+                                    options=UtteranceOptions(max_tokens=3000, seed=2))
+        await stream.flush()
+        flushed = time.monotonic()
+        late_chunks = 0
+        async for _ in stream.audio():
+            if time.monotonic() - flushed > IDLE_S + 1.0:
+                late_chunks += 1
+            if time.monotonic() - flushed > 2 * IDLE_S + 1.0:
+                break
+        assert late_chunks > 0  # audio kept coming after the idle timeout had passed
+        await stream.cancel()
+        async for _ in stream.audio():
+            pass
+    assert stream.done is not None and stream.done.reason == "cancelled"
+    await pair[OWNER].wait_idle()
+    await pair[ENTRY].wait_idle()
+
+
+async def test_a_relayed_context_still_ends_when_nothing_comes_either_way(pair, redis_server):
+    """The idle timeout still holds: once the owner stops speaking and no text comes, the relayed
+    context ends with `idle_timeout`, and the owner's context is cancelled."""
+    voice = await owned_alone_by(pair, redis_server, OWNER, 2)
+    async with await WorkerClient.connect(pair[ENTRY].url) as client:
+        stream = await client.start(voice, "Short.", options=UtteranceOptions(max_tokens=15, seed=3))
+        await stream.flush()
+        with pytest.raises(WorkerRequestError) as err:
+            async with asyncio.timeout(IDLE_S + 60):
+                async for _ in stream.audio():
+                    pass
+    assert err.value.error.code == "idle_timeout" and not err.value.retryable
+    await pair[OWNER].wait_idle()
+    await pair[ENTRY].wait_idle()
+
+
+@contextlib.asynccontextmanager
+async def silent_owner(redis_server) -> AsyncIterator[list[dict]]:
+    """A ring member that takes links and messages and never answers one; yields what it got."""
+    received: list[dict] = []
+
+    async def handler(ws: ServerConnection) -> None:
+        async for message in ws:
+            received.append(json.loads(message))
+
+    async with serve(handler, "127.0.0.1", 0) as server:
+        url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        async with RingStore(settings(redis_server)) as store, \
+                Heartbeat(store, WorkerInfo(SILENT, url, url, capacity=8)):
+            yield received
+
+
+async def test_a_silent_owner_is_the_relay_s_to_give_up_on_and_the_entry_is_not_blamed(pair, redis_server):
+    """The caller's pool (as a gateway's, with its 30 s first-audio clock) gets the entry's
+    retryable `worker_timeout` before its own clock fires, and does not eject the entry (it used
+    to: both hops waited 30 s, and the outer clock, started first, fired first)."""
+    assert RELAY_FIRST_AUDIO_TIMEOUT_S < CALLER_FIRST_AUDIO_S
+    async with silent_owner(redis_server) as received:
+        voice = await owned_alone_by(pair, redis_server, SILENT, 3)
+        caller = PoolSettings(first_audio_timeout_s=CALLER_FIRST_AUDIO_S)
+        async with WorkerPool.static([pair[ENTRY].url], caller) as pool:
+            began = time.monotonic()
+            stream = await pool.start(voice, "Is anyone there?", options=UtteranceOptions(max_tokens=15, seed=4))
+            await stream.end()
+            with pytest.raises(WorkerRequestError) as err:
+                async for _ in stream.audio():
+                    pass
+            took = time.monotonic() - began
+            entry_id = stream.worker_id
+            assert pool.ejected() == set()
+            assert pool.peer_stats(entry_id).errors == 0 and pool.peer_stats(entry_id).ejections == 0
+        assert err.value.error.code == "worker_timeout" and err.value.retryable
+        assert "owner" in err.value.error.message
+        assert took < CALLER_FIRST_AUDIO_S
+        deadline = time.monotonic() + 10
+        while "cancel" not in [m["type"] for m in received]:  # the relay cancelled the silent owner's context
+            assert time.monotonic() < deadline, received
+            await asyncio.sleep(0.1)
+        assert [m["type"] for m in received][:1] == ["start"] and received[0]["proxied_by"] == ENTRY
+    await pair[ENTRY].wait_idle()
