@@ -26,7 +26,7 @@ over the worker pool (one persistent multiplexed link per peer) and relays every
 - **A slow owner is this hop's to give up on**: the caller (a gateway's pool) waits
   ``first_audio_timeout_s`` (30 s) for the first audio, and so would this worker's pool for the
   owner's, so both clocks would fire together and the caller would blame (eject) this worker.
-  The relay's own deadline (``Forwarder.first_audio_timeout_s``, `RELAY_FIRST_AUDIO_TIMEOUT_S`,
+  The relay's own deadline (``Forwarder.first_audio_timeout_s``, `RELAY_TIMEOUT_S`,
   checked below its pool's) fires first: the owner's context is cancelled and the caller gets a
   retryable ``worker_timeout`` answer, which its pool takes as an answer (it tries another
   worker) and not as a failure of this one.
@@ -45,6 +45,7 @@ from gpu_worker.client import WorkerRequestError
 from gpu_worker.errors import WorkerError
 from gpu_worker.protocol import AudioChunk, Done, Error, Start
 from gpu_worker.session import _END, Backlog, Send, SessionDeps, Utterance
+from gpu_worker.settings import RELAY_TIMEOUT_S
 from hashring.errors import EmptyRing, InvalidVoiceId
 from hashring.placement import place
 
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CANCEL_TIMEOUT_S = 2.0
-RELAY_FIRST_AUDIO_TIMEOUT_S = 20.0  # below every pool's first_audio_timeout_s (30 s): this hop gives up first
 
 
 class RelayTimeout(WorkerError):
@@ -72,7 +72,7 @@ class Forwarder:
 
     def __init__(self, worker_id: str, watcher: RingWatcher, ring_settings: RingSettings, pool: WorkerPool,
                  heat: HeatRecorder | None = None, *,
-                 first_audio_timeout_s: float | None = RELAY_FIRST_AUDIO_TIMEOUT_S) -> None:
+                 first_audio_timeout_s: float | None = RELAY_TIMEOUT_S) -> None:
         """``first_audio_timeout_s``: the longest a relayed context waits for the owner's first audio
         once asked to speak (None: the pool's own clock only); it must stay below the pool's, and
         below the callers' (the gateway's pool), so that this hop answers before theirs fire."""

@@ -17,6 +17,8 @@ from gpu_worker.engine import EngineSettings, SamplingOptions
 from gpu_worker.protocol import MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS
 from hashring.settings import RingSettings
 
+RELAY_TIMEOUT_S = 20.0  # below every pool's first_audio_timeout_s (30 s): the relaying hop gives up first
+
 _ENGINE = EngineSettings(model="")
 _SAMPLING = SamplingOptions()
 
@@ -60,7 +62,7 @@ class WorkerSettings(BaseSettings):
     max_relayed_streams: int | None = Field(None, ge=1, description="utterances relayed to their owners at once "
                                                                    "(default: 4 x max_streams)")
     relay_timeout_s: float = Field(
-        20.0, gt=0, description="the longest a relayed utterance waits on its owner, for first audio and between "
+        RELAY_TIMEOUT_S, gt=0, description="the longest a relayed utterance waits on its owner, for first audio and between "
                                 "chunks; below the callers' pools (30 s), so this hop answers before the caller's clock fires")
     # per-context and per-connection limits on text (checked before anything is buffered)
     max_text_chars: int = Field(MAX_TEXT_CHARS, ge=1, description="characters buffered before a flush (one segment)")

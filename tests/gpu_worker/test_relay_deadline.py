@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gpu_worker.pool import PoolSettings, WorkerPool
-from gpu_worker.proxy import RELAY_FIRST_AUDIO_TIMEOUT_S, Forwarder
+from gpu_worker.proxy import Forwarder
+from gpu_worker.settings import RELAY_TIMEOUT_S
 
 
 def forwarder(pool_s: float | None, relay_s: float | None) -> Forwarder:
@@ -16,8 +17,8 @@ def forwarder(pool_s: float | None, relay_s: float | None) -> Forwarder:
 
 
 def test_the_default_relay_deadline_is_below_every_pool_s_default():
-    assert RELAY_FIRST_AUDIO_TIMEOUT_S < PoolSettings().first_audio_timeout_s
-    assert forwarder(PoolSettings().first_audio_timeout_s, RELAY_FIRST_AUDIO_TIMEOUT_S).first_audio_timeout_s == 20.0
+    assert RELAY_TIMEOUT_S < PoolSettings().first_audio_timeout_s
+    assert forwarder(PoolSettings().first_audio_timeout_s, RELAY_TIMEOUT_S).first_audio_timeout_s == 20.0
 
 
 @pytest.mark.parametrize("relay_s", [30.0, 31.0, 0.0, -1.0])

@@ -4,7 +4,7 @@ with a short ``idle_timeout_s`` and an owner (the real vLLM engine on stand-in w
 - M4 (issue 20): a relayed context is idle only while neither text comes in nor audio comes
   back; the entry used to end it with ``idle_timeout`` while the owner was still speaking.
 - L5 (issue 20): an owner that never speaks is this hop's to give up on. The entry's relay
-  deadline (`RELAY_FIRST_AUDIO_TIMEOUT_S`, 20 s) fires before the caller's pool waits out its own
+  deadline (`RELAY_TIMEOUT_S`, 20 s) fires before the caller's pool waits out its own
   ``first_audio_timeout_s`` (30 s, the gateway's default), and its retryable ``worker_timeout``
   is taken by that pool as an answer: the entry worker is not ejected. The owner that never
   speaks is a small real websocket server written here (it takes the link and every message and
@@ -28,7 +28,7 @@ from gpu_worker.adapters import publish_adapter
 from gpu_worker.client import WorkerClient, WorkerRequestError
 from gpu_worker.pool import PoolSettings, WorkerPool
 from gpu_worker.protocol import UtteranceOptions
-from gpu_worker.proxy import RELAY_FIRST_AUDIO_TIMEOUT_S
+from gpu_worker.settings import RELAY_TIMEOUT_S
 from hashring import RingSettings
 from hashring.membership import Heartbeat, RingWatcher
 from hashring.placement import place
@@ -149,7 +149,7 @@ async def test_a_silent_owner_is_the_relay_s_to_give_up_on_and_the_entry_is_not_
     """The caller's pool (as a gateway's, with its 30 s first-audio clock) gets the entry's
     retryable `worker_timeout` before its own clock fires, and does not eject the entry (it used
     to: both hops waited 30 s, and the outer clock, started first, fired first)."""
-    assert RELAY_FIRST_AUDIO_TIMEOUT_S < CALLER_FIRST_AUDIO_S
+    assert RELAY_TIMEOUT_S < CALLER_FIRST_AUDIO_S
     async with silent_owner(redis_server) as received:
         voice = await owned_alone_by(pair, redis_server, SILENT, 3)
         caller = PoolSettings(first_audio_timeout_s=CALLER_FIRST_AUDIO_S)
