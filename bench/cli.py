@@ -59,6 +59,18 @@ def silence(
     _emit(run(seconds=seconds), as_json)
 
 
+@app.command("clone")
+def clone(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    quick: bool = typer.Option(False, "--quick", help="Two base files instead of six (the test's corpus)."),
+) -> None:
+    """Upload checks on espeak-ng speech with known faults: detection, false blocks, SNR error, cost;
+    the ASR's cost and the consent-voice match."""
+    from bench.clone import run
+
+    _emit(run(quick=quick), as_json)
+
+
 @app.command("ring")
 def ring(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Lookup speed against uhashring, spread, movement, and routing under stale loads for 64 workers."""

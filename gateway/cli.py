@@ -1,4 +1,4 @@
-"""CLI for tenants: `voicering tenant create|list|revoke|limits|key`.
+"""CLI for tenants: `voicering tenant create|list|revoke|limits|policy|key`.
 
 Commands take `--redis URL`; without it they use VOICERING_GATEWAY_REDIS_URL, else VOICERING_REDIS_URL,
 else hashring's default URL (GatewaySettings, read once when the command starts). A new API key is
@@ -20,7 +20,7 @@ import typer
 
 if TYPE_CHECKING:
     from gateway.settings import GatewaySettings
-    from gateway.tenants import Tenant, TenantLimits, Tenants
+    from gateway.tenants import Tenant, TenantLimits, TenantPolicy, Tenants
 
 __all__ = ["app"]
 
@@ -37,6 +37,14 @@ RpmOption = typer.Option(None, "--requests-per-minute", min=1, help="API request
 UploadOption = typer.Option(None, "--max-upload-bytes", min=1, help="Bytes per upload.")
 VoicesOption = typer.Option(None, "--max-voices", min=1, help="Voices the tenant may have.")
 TrainingOption = typer.Option(None, "--max-training-jobs", min=1, help="Training jobs at once.")
+ConsentOption = typer.Option(None, "--consent", metavar="spoken|statement",
+                             help="How speakers consent: a spoken phrase checked against the voice (the default "
+                                  "for new tenants), or a typed statement (you keep your own consent records).")
+GateOption = typer.Option(None, "--report-gate", metavar="off|warn|block",
+                          help="What a poor clone report does to publishing (default warn).")
+RetentionOption = typer.Option(None, "--retention-days", metavar="N|none",
+                               help="Delete a voice's uploads and consent recording N days after it is ready "
+                                    "(0: at once); 'none' keeps them while the voice exists (the default).")
 
 
 @app.callback()
@@ -84,6 +92,20 @@ def _changes(**given: int | None) -> dict[str, int]:
     return {name: value for name, value in given.items() if value is not None}
 
 
+def _policy_changes(consent: str | None, report_gate: str | None, retention_days: str | None) -> dict[str, Any]:
+    """The policy fields given on the command line; raises InvalidPolicy (a TenantError) on a bad one."""
+    from gateway.tenants import TenantPolicy
+
+    changes: dict[str, Any] = {}
+    if consent is not None:
+        changes["consent"] = consent
+    if report_gate is not None:
+        changes["report_gate"] = report_gate
+    if retention_days is not None:
+        changes["retention_days"] = TenantPolicy.parse_retention_days(retention_days)
+    return changes
+
+
 def _as_dict(tenant: Tenant) -> dict[str, Any]:
     return dataclasses.asdict(tenant)
 
@@ -105,6 +127,20 @@ def _limits_text(limits: TenantLimits) -> str:
             f"{limits.max_training_jobs} training jobs at once")
 
 
+def _policy_text(policy: TenantPolicy) -> str:
+    days = policy.retention_days
+    kept = "while the voice exists" if days is None else f"{days} days after the voice is ready"
+    return f"{policy.consent} consent, report gate {policy.report_gate}, recordings kept {kept}"
+
+
+def _show_setting(tenant: Tenant, field: str, value: Any, text: str, *, changed: bool, as_json: bool) -> None:
+    """What `limits` and `policy` print: the tenant's settings of that kind, as JSON or one line."""
+    if as_json:
+        _echo_json({"name": tenant.name, "id": tenant.id, field: dataclasses.asdict(value)})
+        return
+    typer.echo(f"tenant {tenant.name!r} ({tenant.id}) {'now' if changed else 'has'}: {text}")
+
+
 def _echo_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, sort_keys=True))
 
@@ -123,15 +159,21 @@ def create(
     max_upload_bytes: int | None = UploadOption,
     max_voices: int | None = VoicesOption,
     max_training_jobs: int | None = TrainingOption,
+    consent: str | None = ConsentOption,
+    report_gate: str | None = GateOption,
+    retention_days: str | None = RetentionOption,
     redis_url: str | None = RedisOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Create tenant NAME and print its first API key (once)."""
+    from gateway.tenants import TenantPolicy
+
     changes = _changes(max_streams=max_streams, requests_per_minute=requests_per_minute,
                        max_upload_bytes=max_upload_bytes, max_voices=max_voices, max_training_jobs=max_training_jobs)
 
     async def work(tenants: Tenants) -> tuple[Tenant, str]:
-        return await tenants.create(name, ctx.obj.default_limits().replace(**changes))
+        policy = TenantPolicy().replace(**_policy_changes(consent, report_gate, retention_days))
+        return await tenants.create(name, ctx.obj.default_limits().replace(**changes), policy)
 
     tenant, key = _run(ctx, redis_url, work)
     if as_json:
@@ -139,6 +181,7 @@ def create(
         return
     typer.echo(f"created tenant {tenant.name!r} ({tenant.id})")
     typer.echo(f"limits: {_limits_text(tenant.limits)}")
+    typer.echo(f"policy: {_policy_text(tenant.policy)}")
     _echo_key(key)
 
 
@@ -157,12 +200,13 @@ def list_tenants(ctx: typer.Context, redis_url: str | None = RedisOption, as_jso
         typer.echo("no tenants yet: create one with `voicering tenant create NAME`")
         return
     typer.echo(f"{'NAME':24} {'ID':13} {'STATE':7} {'STREAMS':>7} {'REQ/MIN':>7} {'UPLOAD':>9} {'VOICES':>6} "
-               f"{'TRAIN':>5}  CREATED")
+               f"{'TRAIN':>5} {'CONSENT':9} {'GATE':5} {'KEEP':>5}  CREATED")
     for t in rows:
-        lim = t.limits
+        lim, pol = t.limits, t.policy
+        keep = "voice" if pol.retention_days is None else f"{pol.retention_days}d"
         typer.echo(f"{t.name:24} {t.id:13} {'revoked' if t.revoked else 'active':7} {lim.max_streams:>7} "
                    f"{lim.requests_per_minute:>7} {_size(lim.max_upload_bytes):>9} {lim.max_voices:>6} "
-                   f"{lim.max_training_jobs:>5}  {_when(t.created_at)}")
+                   f"{lim.max_training_jobs:>5} {pol.consent:9} {pol.report_gate:5} {keep:>5}  {_when(t.created_at)}")
 
 
 @app.command()
@@ -197,11 +241,28 @@ def limits(
         return await tenants.set_limits(name, **changes)
 
     tenant = _run(ctx, redis_url, work)
-    if as_json:
-        _echo_json({"name": tenant.name, "id": tenant.id, "limits": dataclasses.asdict(tenant.limits)})
-        return
-    verb = "now" if changes else "has"
-    typer.echo(f"tenant {tenant.name!r} ({tenant.id}) {verb}: {_limits_text(tenant.limits)}")
+    _show_setting(tenant, "limits", tenant.limits, _limits_text(tenant.limits), changed=bool(changes), as_json=as_json)
+
+
+@app.command()
+def policy(
+    ctx: typer.Context,
+    name: str = NameArgument,
+    consent: str | None = ConsentOption,
+    report_gate: str | None = GateOption,
+    retention_days: str | None = RetentionOption,
+    redis_url: str | None = RedisOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Show the policy of tenant NAME (consent, report gate, retention); change the fields given."""
+    given = (consent, report_gate, retention_days)
+
+    async def work(tenants: Tenants) -> Tenant:
+        return await tenants.set_policy(name, **_policy_changes(*given))
+
+    tenant = _run(ctx, redis_url, work)
+    _show_setting(tenant, "policy", tenant.policy, _policy_text(tenant.policy),
+                  changed=any(v is not None for v in given), as_json=as_json)
 
 
 @app.command()

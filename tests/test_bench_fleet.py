@@ -13,7 +13,7 @@ import pytest
 from bench.fleet import (TARGETS, Outcome, busiest_over_mean, judge, measure, publish_voices, rejected_counts, tally,
                          worker_env, zipf_weights)
 from bench.proxy import Ending
-from tests.fixtures.models import CLUSTER_PREFIX, cluster_args, start_worker
+from tests.fixtures.models import CLUSTER_PREFIX, cluster_args, start_worker, stop_workers
 
 DONE = Ending("done")
 
@@ -103,8 +103,7 @@ def fleet(request, stand_in, adapter_store, redis_server, tmp_path_factory):
                     f.result().stop()
             raise
     yield {"worker-a": a, "worker-b": b, "worker-c": c}
-    for handle in (b, c):
-        handle.stop()
+    stop_workers(b, c)
 
 
 async def test_a_short_fleet_run_relays_no_placed_request_and_loses_none(fleet, redis_server):

@@ -50,15 +50,18 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, *, type: ErrorType = "invalid_request_error",
                  param: str | None = None, code: str | None = None, retry_after_s: float | None = None,
-                 retryable: bool = True) -> None:
+                 retryable: bool = True, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.details = details or {}  # more fields of the error object (upload_checks: its `findings`)
         if retry_after_s is None and retryable and status in (429, 503):
             retry_after_s = _RETRY_AFTER_S
         self.retry_after_s = retry_after_s
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, self.param, self.code)
+        body = error_body(self.message, self.type, self.param, self.code)
+        body["error"].update(self.details)
+        return body
 
     def headers(self) -> dict[str, str]:
         if self.retry_after_s is None:

@@ -7,7 +7,11 @@
                  m4a...); a `<stem>.txt` among them is the transcript of `<stem>.<ext>`
     transcripts  optional: a manifest file (.json {"take1.wav": "text"}, .csv/.tsv audio,text, or
                  LJSpeech `name|text` lines), or plain text (the transcript of a single file)
-    consent      required: the speaker's consent statement, stored with the voice
+    consent      a tenant whose policy is "statement": the speaker's consent statement, stored with the voice
+    consent_audio, consent_id
+                 a tenant whose policy is "spoken" (the default): a recording of the speaker reading the
+                 `text_to_read` of `POST /v1/voices/consent`, and that phrase's id; at most
+                 MAX_CONSENT_AUDIO_S seconds, its bytes within max_upload_bytes like every other file
 
 The body is parsed as it streams in (python-multipart's push parser over `request.stream()`; Starlette's
 `request.form()` would spool whole files before anyone could count them), and the tenant's
@@ -20,6 +24,9 @@ The parser runs in a thread, never on the event loop, and holds one file open at
 (checks, registration, the job) is `gateway.cloning`; this module is the HTTP side and maps its
 errors to OpenAI-shaped ones (`errors.py`).
 
+`POST /v1/voices/consent` (JSON {"name": ...}, at most CONSENT_BODY_BYTES) issues that phrase
+(`gateway.cloning.consent`); it counts against the tenant's requests_per_minute.
+
 `lifecycle(gateway)` runs the clone watcher (`gateway.cloning.CloneWatcher`) for the app's lifetime.
 """
 
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import json
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -38,7 +46,8 @@ from fastapi.responses import JSONResponse
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from gateway.api.auth import caller, gateway_of
+from gateway.api.auth import caller, count_request, gateway_of
+from gateway.api.edge import read_body
 from gateway.api.errors import ApiError, from_tenant_error
 from gateway.api.state import Gateway
 from gateway.cloning import (TRANSCRIPT_SUFFIXES, SIDECAR_SUFFIX, BadUpload, CloneError, CloneUnavailable, CloneWatcher,
@@ -53,14 +62,15 @@ MAX_FILE_NAME_BYTES: Final = 255
 MAX_PART_HEADERS: Final = 8  # headers of one part (clients send Content-Disposition and Content-Type)
 MAX_PART_HEADER_BYTES: Final = 8 * 1024  # names and values of one part's headers together
 FEED_BYTES: Final = 64 * 1024  # the parser takes the body this much at a time, stopping at the first error
-TEXT_FIELDS: Final = frozenset({"name", "consent", "transcripts"})
-FILE_FIELDS: Final = frozenset({"files", "transcripts"})
+TEXT_FIELDS: Final = frozenset({"name", "consent", "consent_id", "transcripts"})
+FILE_FIELDS: Final = frozenset({"files", "transcripts", "consent_audio"})
+CONSENT_BODY_BYTES: Final = 1024  # POST /v1/voices/consent: {"name": ...} (a name is at most 128 characters)
 
 router = APIRouter()
 
 _UPLOAD_SCHEMA = {
     "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
-        "type": "object", "required": ["name", "files", "consent"],
+        "type": "object", "required": ["name", "files"],
         "properties": {
             "name": {"type": "string", "description": "the voice's name: letters, digits, '._-'"},
             "files": {"type": "array", "items": {"type": "string", "format": "binary"},
@@ -68,7 +78,12 @@ _UPLOAD_SCHEMA = {
                                      "a <stem>.txt among them is the transcript of <stem>.<ext>"},
             "transcripts": {"type": "string", "format": "binary",
                             "description": "a manifest (.json, .csv, .tsv, LJSpeech .txt), or plain text for one file"},
-            "consent": {"type": "string", "description": "the speaker's consent statement (stored with the voice)"},
+            "consent": {"type": "string", "description": "tenants with the statement consent policy: the speaker's "
+                                                         "consent statement (stored with the voice)"},
+            "consent_audio": {"type": "string", "format": "binary",
+                              "description": "tenants with the spoken consent policy (the default): the speaker "
+                                             "reading the text_to_read of POST /v1/voices/consent"},
+            "consent_id": {"type": "string", "description": "the consent_id of that phrase"},
         }}}}},
 }
 
@@ -85,6 +100,29 @@ async def create_voice(request: Request, tenant: Annotated[Tenant, Depends(calle
     except (CloneError, TenantError) as exc:
         raise _api_error(exc) from None
     return JSONResponse(view.to_json(), status_code=202)
+
+
+@router.post("/v1/voices/consent", openapi_extra={"requestBody": {"required": True, "content": {
+    "application/json": {"schema": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "description": "the name the voice will be uploaded under"}}}}}}})
+async def issue_consent(request: Request, tenant: Annotated[Tenant, Depends(caller)]) -> dict:
+    """A one-time phrase for the spoken consent of voice `name`: record the speaker reading
+    `text_to_read` and send it as `consent_audio` with `consent_id` before `expires_at`."""
+    gateway = gateway_of(request)
+    await count_request(gateway, tenant)
+    body = await read_body(request, CONSENT_BODY_BYTES, timeout_s=gateway.settings.body_timeout_s)
+    try:
+        name = json.loads(body).get("name")
+    except (ValueError, AttributeError, RecursionError):
+        raise ApiError(400, 'send a JSON object {"name": "<the voice\'s name>"}', code="invalid_json") from None
+    if not isinstance(name, str):
+        raise ApiError(400, 'send the voice\'s name as a string: {"name": "nova"}', param="name",
+                       code="missing_field")
+    try:
+        phrase = await Cloning(gateway).issue_consent(tenant, name)
+    except (CloneError, TenantError) as exc:
+        raise _api_error(exc) from None
+    return phrase.to_json()
 
 
 @router.get("/v1/voices")
@@ -128,7 +166,9 @@ def _api_error(exc: CloneError | TenantError) -> ApiError:
     if isinstance(exc, UploadTooLarge):
         return ApiError(413, exc.message, param=exc.param, code=exc.code)
     if isinstance(exc, (BadUpload, NotDeletable)):
-        return ApiError(400, exc.message, param=exc.param, code=exc.code)
+        findings = getattr(exc, "findings", None)  # upload_checks: every block, with file and time
+        return ApiError(400, exc.message, param=exc.param, code=exc.code,
+                        details={"findings": findings} if findings else None)
     if isinstance(exc, CloneUnavailable):
         return ApiError(503, exc.message, type="service_unavailable", code=exc.code)
     if isinstance(exc, UploadTimeout):
@@ -156,8 +196,8 @@ async def receive_upload(request: Request, tenant: Tenant, cloning: Cloning) -> 
     content_type = request.headers.get("content-type", "")
     kind, options = parse_options_header(content_type)
     if kind != b"multipart/form-data" or not options.get(b"boundary"):
-        raise BadUpload("send the upload as multipart/form-data (fields name, files, consent and optionally "
-                        "transcripts)", code="invalid_content_type")
+        raise BadUpload("send the upload as multipart/form-data (fields name, files, consent_audio and "
+                        "consent_id or consent, and optionally transcripts)", code="invalid_content_type")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise UploadTooLarge(limit)
@@ -357,6 +397,13 @@ class _Form:
                 raise BadUpload("send one transcripts manifest", code="transcripts", param="transcripts")
             upload.transcripts = upload.folder / f"transcripts{suffix}"
             return upload.transcripts
+        if field == "consent_audio":
+            if upload.consent_audio is not None:
+                raise BadUpload("send one consent recording", code="invalid_value", param="consent_audio")
+            suffix = Path(_file_name(filename)).suffix.lower()
+            safe = suffix if 1 < len(suffix) <= 8 and suffix[1:].isalnum() else ".audio"
+            upload.consent_audio = upload.folder / f"consent-audio{safe}"  # beside audio/: never trained on
+            return upload.consent_audio
         name = _file_name(filename)
         if name in self._names:
             raise BadUpload(f"two files are named {name!r}; transcripts are matched by file name, so rename one",
@@ -394,6 +441,8 @@ class _Form:
                 self._fail(exc)
         elif self._field == "consent":
             upload.consent = text
+        elif self._field == "consent_id":
+            upload.consent_id = text.strip()
         elif self._field == "transcripts":
             if upload.transcripts is not None:
                 self._fail(BadUpload("send one transcripts manifest", code="transcripts", param="transcripts"))
@@ -420,4 +469,4 @@ def _unknown_or_misplaced(field: str, *, file: bool) -> BadUpload:
         what = "a file" if field in FILE_FIELDS else "text"
         return BadUpload(f"form field {field!r} must be {what}", param=field, code="invalid_value")
     return BadUpload(f"Unrecognized request argument supplied: {field[:64]} (the fields are name, files, "
-                     "transcripts and consent)", param=field[:64], code="unknown_parameter")
+                     "transcripts, consent_audio, consent_id and consent)", param=field[:64], code="unknown_parameter")

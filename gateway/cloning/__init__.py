@@ -47,6 +47,7 @@ The package, one idea per module:
 | `errors.py` | the `CloneError` tree (code, param, HTTP status) |
 | `uploads.py` | upload folders on disk (`UploadArea`), removing a published adapter |
 | `checks.py` | the quick checks of an upload (name, consent, lora_training's ingest checks) |
+| `consent.py` | spoken consent's one-time phrases (`ConsentStore`: issued, checked, taken once) |
 | `decoding.py` | `DecodePool`: the bounded threads those checks decode on (per gateway, per tenant) |
 | `records.py` | the record of a clone in flight and the Redis index of them (`CloneIndex`) |
 | `views.py` | what the API shows of a voice (`VoiceView`, job state -> API state) |

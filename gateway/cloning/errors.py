@@ -21,9 +21,16 @@ class CloneError(Exception):
 
 
 class BadUpload(CloneError):
-    """The upload cannot make a voice (a field missing, a file unusable); the message says what to fix."""
+    """The upload cannot make a voice (a field missing, a file unusable); the message says what to fix.
+    `findings`: for `upload_checks`, every block the quality checks found (Finding dicts: file, time
+    range, the sentence for the creator), all in the one 400."""
 
     code = "invalid_upload"
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None,
+                 findings: list[dict] | None = None) -> None:
+        super().__init__(message, code=code, param=param)
+        self.findings = findings or []
 
 
 class UploadTooLarge(CloneError):

@@ -12,15 +12,18 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from gateway.cloning.checks import check_consent, check_name, check_uploads
+from gateway.cloning.checks import (check_consent, check_consent_audio, check_name, check_spoken_consent,
+                                    check_uploads)
+from gateway.cloning.consent import ConsentPhrase, ConsentStore
 from gateway.cloning.errors import BadUpload, CloneUnavailable, NotDeletable
 from gateway.cloning.records import CloneIndex, CloneRecord
 from gateway.cloning.uploads import Upload, UploadArea, remove_adapter
-from gateway.cloning.views import VoiceView, base_view, clone_view
+from gateway.cloning.views import VoiceView, base_view, clone_view, voice_published
 from gateway.tenants import Tenant, TenantVoice, VoiceNotFound
 from hashring.errors import RingError
 from lora_training.errors import InfrastructureError
 from lora_training.pipeline import JobSpec
+from lora_training.quality.checks import record as checks_record
 
 if TYPE_CHECKING:
     from gateway.api.state import Gateway
@@ -39,6 +42,7 @@ class Cloning:
         self.settings = gateway.settings
         self.uploads = UploadArea(gateway.settings.uploads_dir)
         self.index = CloneIndex(gateway.jobs.redis, f"{gateway.settings.tenant_prefix}:clones")
+        self.consents = ConsentStore(gateway.jobs.redis, gateway.settings.tenant_prefix)
 
     @property
     def base_voices(self) -> tuple[str, ...]:
@@ -49,6 +53,28 @@ class Cloning:
             return await asyncio.to_thread(call, *args)
         except InfrastructureError as err:
             raise CloneUnavailable(f"the training queue is unreachable ({err.message}); try again shortly") from None
+
+    async def issue_consent(self, tenant: Tenant, name: str) -> ConsentPhrase:
+        """A one-time consent phrase for the tenant's voice `name` (a tenant of the spoken policy)."""
+        name = check_name(tenant, name, self.base_voices)
+        if tenant.policy.consent != "spoken":
+            raise BadUpload("your account's consent policy is statement: send the speaker's consent as the form field "
+                            "'consent' with the upload; no phrase is needed", code="consent_policy", param="name")
+        return await asyncio.to_thread(self.consents.issue, tenant, name)  # Redis away: the tenant layer's 503
+
+    async def _consent(self, tenant: Tenant, upload: Upload, name: str) -> tuple[str, str | None]:
+        """What the voice record keeps as its consent, and the spoken phrase's id (None: a typed
+        statement). Spoken: the phrase must be this tenant's, for this voice, unexpired and unused
+        (checked here, taken just before the job is queued)."""
+        if tenant.policy.consent != "spoken":
+            if upload.consent_audio is not None or upload.consent_id is not None:
+                raise BadUpload("your account's consent policy is statement: send the typed 'consent' field, not "
+                                "'consent_audio' or 'consent_id'", code="consent_policy", param="consent_audio")
+            return check_consent(upload.consent), None
+        consent_id = check_spoken_consent(upload)
+        phrase = await asyncio.to_thread(self.consents.check, tenant, consent_id, name)
+        return (f"spoken consent {consent_id}: the speaker read \"{phrase.text_to_read}\" (kept with the uploads "
+                "as consent-audio; checked against the voice by the training job)"), consent_id
 
     async def create(self, tenant: Tenant, upload: Upload) -> VoiceView:
         """Check a received upload, register the voice and queue its training job, cheapest step first:
@@ -62,21 +88,28 @@ class Cloning:
         undo: list[Callable[[], Awaitable[object]]] = []
         try:
             name = check_name(tenant, upload.name, self.base_voices)
-            consent = check_consent(upload.consent)
+            consent, consent_id = await self._consent(tenant, upload, name)
             voice = await gw.tenants.register_voice(tenant, name, consent=consent, job_id=job_id, state="training",
                                                     note="queued for training")
             undo.append(lambda: self._unregister(tenant, name, job_id))
             await gw.quotas.check_training_slot(tenant)
             data, asr = self.settings.clone_data, self.settings.clone_asr
-            await gw.decodes.run(tenant.id, lambda check: check_uploads(upload, data, asr=asr, check=check))
+            checked, _ = await gw.decodes.run(tenant.id, lambda check: (
+                check_uploads(upload, data, asr=asr, check=check), check_consent_audio(upload, data, check)))
             await self._still_registered(tenant, name, job_id)
             # taken only now: a gateway that dies while the files decode leaves no slot held
             await gw.quotas.acquire_training_slot(tenant, job_id)
             undo.append(lambda: gw.quotas.release_training_slot(tenant, job_id))
+            phrase = None
+            if consent_id is not None:  # taken now: an upload refused before this keeps its phrase
+                phrase = await asyncio.to_thread(self.consents.take, tenant, consent_id, name)
             kept = await asyncio.to_thread(self.uploads.keep, upload, tenant.id, name, job_id)
             undo.append(lambda: asyncio.to_thread(shutil.rmtree, kept.folder, True))
             spec = JobSpec(job_id=job_id, name=name, tenant=tenant.id, audio=kept.audio,
-                           transcripts=kept.transcripts, data=data, params=self.settings.clone_params)
+                           transcripts=kept.transcripts, data=data, params=self.settings.clone_params,
+                           upload_checks=checked.to_dicts(), report_gate=tenant.policy.report_gate,
+                           base_voices=self.base_voices,
+                           consent_audio=kept.consent_audio, consent_phrase=phrase.phrase if phrase else None)
             if spec.voice_id != voice.voice_id:  # the trainer publishes spec.voice_id; workers are asked for this one
                 raise RuntimeError(f"job voice id {spec.voice_id!r} != tenant voice id {voice.voice_id!r}")
             # an adapter left at this voice id by a voice deleted mid-publish would fail the job: it is an orphan
@@ -94,7 +127,7 @@ class Cloning:
                     log.warning("undoing a refused clone of tenant %s (%s): %r", tenant.id, upload.name, exc)
             raise
         log.info("clone %s of tenant %s queued as job %s", name, tenant.id, job_id)
-        return clone_view(voice, status, record)
+        return dataclasses.replace(clone_view(voice, status, record), checks=checks_record(checked.to_dicts()))
 
     async def _still_registered(self, tenant: Tenant, name: str, job_id: str) -> None:
         """After the checks: the voice is still this upload's, not deleted (or deleted and made again)
@@ -137,7 +170,8 @@ class Cloning:
             job = await self._queue(self.gateway.jobs.status, voice.job_id)
             if voice.state == "training":
                 record = await asyncio.to_thread(self.index.get, voice.job_id)
-        return clone_view(voice, job, record)
+        checks, report = await asyncio.to_thread(voice_published, self.settings.voices_dir, voice, self.gateway.jobs)
+        return dataclasses.replace(clone_view(voice, job, record), checks=checks, report=report)
 
     async def delete(self, tenant: Tenant, name: str) -> None:
         """Delete the tenant's voice: its job cancelled (a running one stops at its next step), its

@@ -33,6 +33,8 @@ class Upload:
     audio: list[Path] = field(default_factory=list)  # folder/audio/<file name>, in upload order
     sidecars: list[Path] = field(default_factory=list)  # folder/audio/<stem>.txt, next to their audio
     transcripts: Path | None = None  # folder/transcripts.<json|csv|tsv|txt>
+    consent_audio: Path | None = None  # folder/consent-audio.<ext>: the creator reading the consent phrase
+    consent_id: str | None = None  # the phrase it reads (POST /v1/voices/consent)
 
     @property
     def audio_dir(self) -> Path:
@@ -71,7 +73,8 @@ class UploadArea:
             return target / path.relative_to(upload.folder)
 
         return Upload(target, upload.name, upload.consent, [moved(p) for p in upload.audio],
-                      [moved(p) for p in upload.sidecars], moved(upload.transcripts) if upload.transcripts else None)
+                      [moved(p) for p in upload.sidecars], moved(upload.transcripts) if upload.transcripts else None,
+                      moved(upload.consent_audio) if upload.consent_audio else None, upload.consent_id)
 
     def discard(self, upload: Upload) -> None:
         shutil.rmtree(upload.folder, ignore_errors=True)

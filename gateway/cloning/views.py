@@ -4,18 +4,23 @@ paths, worker names) stays in the job record and the trainer's log, for operator
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass
-from typing import Final, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, Literal
 
 from gateway.cloning.records import CloneRecord
 from gateway.tenants import TenantVoice
 from lora_training.jobs import JobStatus
 
+if TYPE_CHECKING:
+    from lora_training.jobs import JobQueue
+
 __all__ = ["ApiState", "CANCELLED_REASON", "JOB_GONE_REASON", "LOAD_FAILED_REASON", "MAX_REASON_CHARS",
            "PLATFORM_REASON", "SUBMIT_GRACE_S", "TENANT_ERROR_CODES", "VoiceView", "base_view", "clone_view",
-           "failure_reason"]
+           "failure_reason", "voice_published"]
 
 
 ApiState = Literal["queued", "preprocessing", "training", "validating", "ready", "failed"]
@@ -27,7 +32,8 @@ _JOB_STATES: Final[dict[str, ApiState]] = {
 _RUNNING: Final = frozenset({"preprocessing", "training", "validating"})
 
 # lora_training's InputError codes: their messages are written for the creator (what to fix in the upload)
-TENANT_ERROR_CODES: Final = frozenset({"bad_input", "bad_audio", "speech_amount", "audio_too_long", "transcripts"})
+TENANT_ERROR_CODES: Final = frozenset({"bad_input", "bad_audio", "speech_amount", "audio_too_long", "transcripts",
+                                      "consent", "upload_checks", "clone_quality"})
 MAX_REASON_CHARS: Final = 400
 _SUPPORT = "delete the voice and upload again, and contact support quoting the job id if it happens again"
 PLATFORM_REASON: Final = f"training failed on the platform's side, not because of your recordings; {_SUPPORT}"
@@ -71,11 +77,15 @@ class VoiceView:
     reason: str | None = None  # why it failed
     created_at: int | None = None
     job_id: str | None = None
+    checks: dict | None = None  # what the upload checks found: {"thresholds_version", "findings": [...]}
+    recordings_deleted_at: int | None = None  # when the tenant's retention period deleted its uploads and consent
+    report: dict | None = None  # the clone report (lora_training.report), once the voice is published
 
     def to_json(self) -> dict:
         return {"id": self.name, "name": self.name, "object": "voice", "type": self.type, "state": self.state,
                 "progress": self.progress, "eta_s": self.eta_s, "message": self.message, "reason": self.reason,
-                "created_at": self.created_at, "job_id": self.job_id}
+                "created_at": self.created_at, "job_id": self.job_id, "checks": self.checks,
+                "recordings_deleted_at": self.recordings_deleted_at, "report": self.report}
 
 
 def base_view(name: str) -> VoiceView:
@@ -89,8 +99,9 @@ def clone_view(voice: TenantVoice, job: JobStatus | None, record: CloneRecord | 
     created = int(voice.created_at)
 
     def view(state: ApiState, progress: float, **more) -> VoiceView:
+        deleted = None if voice.recordings_deleted_at is None else int(voice.recordings_deleted_at)
         return VoiceView(voice.name, "clone", state, round(progress, 1), created_at=created, job_id=voice.job_id,
-                         **more)
+                         recordings_deleted_at=deleted, **more)
 
     if voice.state == "ready":
         return view("ready", 100.0, message="ready to speak")
@@ -117,3 +128,31 @@ def clone_view(voice: TenantVoice, job: JobStatus | None, record: CloneRecord | 
     elif job.state == "queued":
         message = "waiting for a trainer" if not job.error else "waiting to be retried after a failed attempt"
     return view(state, progress, eta_s=eta, message=message)
+
+
+def voice_published(store: Path, voice: TenantVoice, jobs: JobQueue) -> tuple[dict | None, dict | None]:
+    """A clone's `checks` and `report`, the cheapest honest way (blocking: call it in a thread). Published (ready,
+    warming): the adapter's voicering.json, which holds the gateway's and the job's findings (a few
+    KB, read only when it is this voice's job's). Otherwise: the job spec's `upload_checks` (the
+    gateway's findings; the job's own are known once it publishes, and a job they fail says them in
+    `reason`). None when neither can be read. With it, the published clone `report` (one read of
+    voicering.json for both; None before publishing)."""
+    from gpu_worker.adapters.layout import METADATA
+    from lora_training.errors import TrainingError
+    from lora_training.quality.checks import record
+
+    if voice.state in ("ready", "warming"):
+        try:
+            meta = json.loads((Path(store) / voice.voice_id / METADATA).read_text())
+        except (OSError, ValueError):
+            return None, None
+        ours = isinstance(meta, dict) and meta.get("job_id") == voice.job_id
+        checks, report = (meta.get("checks"), meta.get("report")) if ours else (None, None)
+        return (checks if isinstance(checks, dict) else None), (report if isinstance(report, dict) else None)
+    if not voice.job_id:
+        return None, None
+    try:
+        spec = jobs.spec(voice.job_id)
+    except (TrainingError, ValueError):
+        return None, None
+    return (record(spec.upload_checks) if spec is not None else None), None

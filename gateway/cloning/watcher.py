@@ -8,7 +8,10 @@ adapter, else `failed` (`cancelled` for a deleted voice); a voice still warming
 `clone_warming_deadline_s` after its job was ready is made `ready` anyway when its adapter is
 published and passes the serving checks (workers load a voice on its first request; prewarming
 only saves that request the load), else failed. A deleted voice's job keeps its training slot
-until the job has stopped; then its adapter and uploads go and the slot is freed."""
+until the job has stopped; then its adapter and uploads go and the slot is freed.
+
+And it applies each tenant's retention period to its voices' recordings (`Retention`): as a voice
+settles, and in one sweep every `retention_sweep_s`."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from gateway.cloning.records import CloneRecord
+from gateway.cloning.retention import RETENTION_SWEEP_S, Retention
 from gateway.cloning.service import Cloning
 from gateway.cloning.uploads import published_adapter, remove_adapter
 from gateway.cloning.views import JOB_GONE_REASON, LOAD_FAILED_REASON, SUBMIT_GRACE_S, failure_reason
@@ -136,9 +140,13 @@ class CloneWatcher:
     go on; nothing a round meets ends the task.
     """
 
-    def __init__(self, gateway: Gateway, *, poll_s: float = POLL_S) -> None:
+    def __init__(self, gateway: Gateway, *, poll_s: float = POLL_S,
+                 retention_sweep_s: float = RETENTION_SWEEP_S) -> None:
         self.gateway = gateway
         self.cloning = Cloning(gateway)
+        self.retention = Retention(gateway.tenants, self.cloning.uploads)
+        self.retention_sweep_s = retention_sweep_s
+        self._swept_at = -math.inf  # monotonic time of the last retention sweep: the first round sweeps
         self.poll_s = poll_s
         self.warming_deadline_s = gateway.settings.clone_warming_deadline_s
         self.rounds = 0  # rounds completed (a round that met a failure counts too)
@@ -196,7 +204,22 @@ class CloneWatcher:
                             record.job_id, getattr(exc, "message", None) or repr(exc))
             except Exception:
                 log.exception("clone watcher: voice %s (job %s) failed unexpectedly", record.voice_id, record.job_id)
+        await self._sweep_retention()
         self.rounds += 1
+
+    async def _sweep_retention(self) -> None:
+        """Every retention_sweep_s: delete the recordings whose tenant's retention period has passed."""
+        if time.monotonic() - self._swept_at < self.retention_sweep_s:
+            return
+        self._swept_at = time.monotonic()
+        try:
+            deleted = await self.retention.sweep()
+        except (TenantError, OSError) as exc:
+            log.warning("clone watcher: retention sweep not done this time: %s",
+                        getattr(exc, "message", None) or repr(exc))
+            return
+        if deleted:
+            log.info("retention: deleted the recordings of %d voices", deleted)
 
     async def advance(self, record: CloneRecord) -> None:
         gw, index = self.gateway, self.cloning.index
@@ -291,8 +314,15 @@ class CloneWatcher:
 
     async def _settle(self, tenant: Tenant, record: CloneRecord, status: JobStatus | None,
                       state: Literal["ready", "failed"], note: str | None) -> None:
-        """The voice's final state, then its slot freed, then (once, by whoever drops the record) metered."""
-        await self.gateway.tenants.update_voice(tenant, record.name, state=state, note=note)
+        """The voice's final state (and when: the tenant's retention counts from it; 0 days deletes its
+        recordings now), then its slot freed, then (once, by whoever drops the record) metered."""
+        voice = await self.gateway.tenants.update_voice(tenant, record.name, state=state, note=note,
+                                                        settled_at=time.time())
+        try:
+            await self.retention.expire_voice(tenant, voice)
+        except (TenantError, OSError) as exc:  # the sweep tries again
+            log.warning("clone %s: recordings not expired now: %s", record.voice_id,
+                        getattr(exc, "message", None) or repr(exc))
         self._warm_detail.pop(record.voice_id, None)
         if state == "failed":
             log.warning("clone %s (job %s) failed: %s; job error: %s", record.voice_id, record.job_id, note,

@@ -1,7 +1,8 @@
 """`make demo`: one day of the platform, end to end, every piece a real process on this machine.
 
 1. `voicering up` in the background (embedded Redis, two workers, gateway, trainer) and its tenant;
-2. a creator clones a voice: espeak-ng speech uploaded through `POST /v1/voices`, progress shown;
+2. a creator clones a voice: espeak-ng speech uploaded through `POST /v1/voices` without transcripts
+   (the trainer's ASR, the bundled Whisper tiny.en, writes them), progress shown;
 3. an app speaks the clone with the official `openai` client, once through the platform gateway
    (it routes to the voice's owner) and once through a gateway pinned to the other worker, which
    proxies to the owner (`served_by` and `proxied` come back in the SSE `speech.audio.done`);
@@ -155,7 +156,7 @@ async def _day(settings: UpSettings, state: UpState, key: dict, out_dir: Path) -
     import openai
 
     api_key, voice_id = key["api_key"], f"{key['tenant_id']}/{VOICE}"
-    step(2, "a creator clones a voice: espeak-ng speech uploaded through POST /v1/voices")
+    step(2, "a creator clones a voice: espeak-ng speech uploaded through POST /v1/voices, no transcripts typed")
     await _clone(state.gateway_url, api_key, out_dir / "demo-creator")
     owner, other = await _owners(state, voice_id)
     note(f"the ring places '{voice_id}' on {owner}; the other worker is {other}")
@@ -205,13 +206,12 @@ async def _clone(gateway_url: str, api_key: str, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     clips = [synthesize(text, "en-us", folder / f"take-{i:02d}.wav") for i, text in enumerate(HARVARD_SENTENCES)]
     seconds = sum(p.stat().st_size - 44 for p in clips) / (2 * SAMPLE_RATE)
-    manifest = json.dumps({p.name: text for p, text in zip(clips, HARVARD_SENTENCES)})
-    files = [("files", (p.name, p.read_bytes(), "audio/wav")) for p in clips]
-    files.append(("transcripts", ("transcripts.json", manifest.encode(), "application/json")))
-    note(f"{len(clips)} takes, {seconds:.0f} s of speech, with their transcripts")
+    files = [("files", (p.name, p.read_bytes(), "audio/wav")) for p in clips]  # no transcripts: the trainer's ASR
+    note(f"{len(clips)} takes, {seconds:.0f} s of speech, no transcripts: the trainer's ASR writes them")
     async with httpx.AsyncClient(base_url=gateway_url, headers={"Authorization": f"Bearer {api_key}"},
                                  timeout=120) as api:
-        created = await api.post("/v1/voices", data={"name": VOICE, "consent": CONSENT}, files=files)
+        fields = await _consent(api, folder, files)
+        created = await api.post("/v1/voices", data={"name": VOICE, **fields}, files=files)
         if created.status_code != 202:
             raise DemoFailed(f"POST /v1/voices answered {created.status_code}: {created.text}")
         note(f"POST /v1/voices -> 202, job {created.json()['job_id']}")
@@ -228,6 +228,25 @@ async def _clone(gateway_url: str, api_key: str, folder: Path) -> None:
                 raise DemoFailed(f"the clone failed: {view.get('reason')}")
             await asyncio.sleep(1.0)
     raise DemoFailed("the clone was not ready after 10 minutes")
+
+
+async def _consent(api: httpx.AsyncClient, folder: Path, files: list) -> dict:
+    """The upload's consent: a tenant of the spoken policy (the default) reads a one-time phrase, here
+    espeak-ng in the takes' voice, sent as consent_audio; a tenant of the statement policy (one made
+    before policies existed) sends the typed text."""
+    from lora_training.espeak import synthesize
+
+    asked = await api.post("/v1/voices/consent", json={"name": VOICE})
+    if asked.status_code == 400 and asked.json().get("error", {}).get("code") == "consent_policy":
+        note("consent: the tenant's policy is a typed statement")
+        return {"consent": CONSENT}
+    if asked.status_code != 200:
+        raise DemoFailed(f"POST /v1/voices/consent answered {asked.status_code}: {asked.text}")
+    phrase = asked.json()
+    recording = synthesize(phrase["text_to_read"], "en-us", folder / "consent.wav")
+    files.append(("consent_audio", (recording.name, recording.read_bytes(), "audio/wav")))
+    note(f"consent: phrase {phrase['phrase']!r} read aloud, uploaded as consent_audio")
+    return {"consent_id": phrase["consent_id"]}
 
 
 async def _placement(state: UpState, voice_id: str):

@@ -1,7 +1,8 @@
 """Tenants, their API keys and their voices, kept in Redis so every gateway process agrees.
 
     errors.py       the error tree below, and `redis_errors`: redis-py's errors mapped at the Redis boundary
-    records.py      TenantLimits, Tenant, TenantVoice; the grammars of names, ids and keys; their Redis form
+    records.py      TenantLimits, TenantPolicy, Tenant, TenantVoice; the grammars of names, ids and keys;
+                    their Redis form
     keys.py         KeyLayout: every Redis key of tenants, quotas and usage, under one prefix
     scripts.py      the registry's multi-key changes, each one atomic Lua script
     registry.py     Tenants: create, look up, revoke, limits, keys, authenticate, tenant voices
@@ -17,6 +18,7 @@
     ├── TenantRevoked     an operator asked a revoked tenant for a new key
     ├── InvalidName       a tenant or voice name outside its grammar
     ├── InvalidLimits     a limit that is not a positive whole number, or an unknown limit
+    ├── InvalidPolicy     a policy value outside its choices (consent, report gate, retention days)
     ├── VoiceNotFound     no such voice *of this tenant*: another tenant's voice is simply absent
     ├── VoiceExists       a voice name the tenant already uses
     └── QuotaExceeded     a limit is reached; `.limit` names it, `.retry_after_s` says when to retry
@@ -34,6 +36,7 @@ from gateway.tenants.auth_cache import DEFAULT_AUTH_CACHE_S
 from gateway.tenants.errors import (
     InvalidLimits,
     InvalidName,
+    InvalidPolicy,
     QuotaExceeded,
     QuotaName,
     StoreError,
@@ -52,8 +55,11 @@ from gateway.tenants.records import (
     API_KEY,
     TENANT_ID,
     TENANT_NAME,
+    ConsentMode,
+    ReportGate,
     Tenant,
     TenantLimits,
+    TenantPolicy,
     TenantVoice,
     VoiceState,
     check_job_id,
@@ -68,17 +74,21 @@ __all__ = [
     "DEFAULT_PREFIX",
     "TENANT_ID",
     "TENANT_NAME",
+    "ConsentMode",
     "InvalidLimits",
     "InvalidName",
+    "InvalidPolicy",
     "KeyLayout",
     "QuotaExceeded",
     "QuotaName",
+    "ReportGate",
     "StoreError",
     "Tenant",
     "TenantError",
     "TenantExists",
     "TenantLimits",
     "TenantNotFound",
+    "TenantPolicy",
     "TenantRevoked",
     "TenantVoice",
     "Tenants",

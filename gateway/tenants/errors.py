@@ -20,8 +20,8 @@ from typing import Final, Literal
 import redis.exceptions
 
 __all__ = [
-    "InvalidLimits", "InvalidName", "QuotaExceeded", "QuotaName", "StoreError", "TenantError", "TenantExists",
-    "TenantNotFound", "TenantRevoked", "Unauthorized", "Unavailable", "VoiceExists", "VoiceNotFound",
+    "InvalidLimits", "InvalidName", "InvalidPolicy", "QuotaExceeded", "QuotaName", "StoreError", "TenantError",
+    "TenantExists", "TenantNotFound", "TenantRevoked", "Unauthorized", "Unavailable", "VoiceExists", "VoiceNotFound",
     "redis_errors",
 ]
 
@@ -86,6 +86,10 @@ class InvalidName(TenantError):
 
 class InvalidLimits(TenantError):
     """A limit that is not a positive whole number, or a name that is no limit."""
+
+
+class InvalidPolicy(TenantError):
+    """A tenant policy value outside its choices (consent, report gate, retention days)."""
 
 
 class VoiceNotFound(TenantError):

@@ -13,12 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from gateway.tenants.errors import InvalidLimits, InvalidName, StoreError, TenantError
+from gateway.tenants.errors import InvalidLimits, InvalidName, InvalidPolicy, StoreError, TenantError
 from hashring.records import VOICE_ID, check_voice_id, shown_voice_id
 
 __all__ = [
-    "API_KEY", "MAX_CONSENT_CHARS", "TENANT_ID", "TENANT_NAME", "Tenant", "TenantLimits", "TenantVoice",
-    "VOICE_UPDATABLE", "VoiceState", "check_job_id", "check_tenant_name", "key_digest", "new_key",
+    "API_KEY", "MAX_CONSENT_CHARS", "MAX_RETENTION_DAYS", "TENANT_ID", "TENANT_NAME", "ConsentMode", "ReportGate",
+    "Tenant", "TenantLimits", "TenantPolicy", "TenantVoice", "VOICE_UPDATABLE", "VoiceState", "check_job_id",
+    "check_tenant_name", "key_digest", "new_key",
     "new_tenant_id", "pairs", "tenant_fields", "tenant_from", "voice_from", "voice_id_of",
 ]
 
@@ -28,6 +29,7 @@ TENANT_ID: Final = re.compile(r"\At_[a-z2-7]{10}\Z")  # fits VOICE_ID's first pa
 TENANT_NAME: Final = re.compile(r"\A(?!t_)[a-z0-9][a-z0-9._-]{0,62}\Z")
 MAX_CONSENT_CHARS: Final = 4096
 _MAX_JOB_ID_CHARS: Final = 128
+MAX_RETENTION_DAYS: Final = 3650  # ten years: longer is "keep while the voice exists" (None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,76 @@ class TenantLimits:
         return tuple(f.name for f in dataclasses.fields(cls))
 
 
+ConsentMode = Literal["spoken", "statement"]
+ReportGate = Literal["off", "warn", "block"]
+_CONSENT_MODES: Final = ("spoken", "statement")
+_REPORT_GATES: Final = ("off", "warn", "block")
+_KEEP: Final = "none"  # retention_days' stored and typed form of None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPolicy:
+    """How the tenant's clones are made and what is kept of them, set by its operator.
+
+    consent         "spoken": a recording of a one-time phrase, checked against the voice (new tenants);
+                    "statement": a typed consent record (the operator keeps its own consent records)
+    report_gate     what a poor clone report does to publishing: "off", "warn" (published, flagged) or "block"
+    retention_days  None: uploads and consent recording are kept while the voice exists; N: deleted N days
+                    after the voice is ready, or failed (or with the voice, if that comes first)
+    """
+
+    consent: ConsentMode = "spoken"
+    report_gate: ReportGate = "warn"
+    retention_days: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.consent not in _CONSENT_MODES:
+            raise InvalidPolicy(f"consent must be one of {', '.join(_CONSENT_MODES)}, not {self.consent!r}")
+        if self.report_gate not in _REPORT_GATES:
+            raise InvalidPolicy(f"report_gate must be one of {', '.join(_REPORT_GATES)}, not {self.report_gate!r}")
+        days = self.retention_days
+        if days is not None and (isinstance(days, bool) or not isinstance(days, int)
+                                 or not 0 <= days <= MAX_RETENTION_DAYS):
+            raise InvalidPolicy(f"retention_days must be a whole number of days from 0 to {MAX_RETENTION_DAYS}, "
+                                f"or {_KEEP!r} to keep recordings while the voice exists; not {days!r}")
+
+    def replace(self, **changes: object) -> TenantPolicy:
+        """A copy with `changes` applied; unknown names are refused with the list of known ones."""
+        unknown = sorted(set(changes) - set(self.names()))
+        if unknown:
+            raise InvalidPolicy(f"unknown policy field(s) {', '.join(unknown)}; "
+                                f"the policy fields are {', '.join(self.names())}")
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @staticmethod
+    def parse_retention_days(text: str) -> int | None:
+        """"none" (any case) -> None, digits -> that many days; anything else InvalidPolicy."""
+        if text.strip().lower() == _KEEP:
+            return None
+        if not text.strip().isdigit():
+            raise InvalidPolicy(f"retention_days must be a whole number of days from 0 to {MAX_RETENTION_DAYS}, "
+                                f"or {_KEEP!r} to keep recordings while the voice exists; not {text!r}")
+        return int(text)
+
+    def fields(self) -> dict[str, str]:
+        """The policy's Redis hash fields."""
+        days = _KEEP if self.retention_days is None else str(self.retention_days)
+        return {"consent": self.consent, "report_gate": self.report_gate, "retention_days": days}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> TenantPolicy:
+        """Read from a tenant hash. A tenant stored before policies existed has none of these fields:
+        it agreed to typed consent, so it reads as "statement" (a new tenant is "spoken")."""
+        days = fields.get("retention_days")
+        return cls(consent=fields.get("consent", "statement"),  # type: ignore[arg-type]
+                   report_gate=fields.get("report_gate", "warn"),  # type: ignore[arg-type]
+                   retention_days=None if days is None else cls.parse_retention_days(days))
+
+
 @dataclass(frozen=True, slots=True)
 class Tenant:
     """One customer of the platform. `id` is the stable handle (it prefixes the tenant's voice ids)."""
@@ -67,6 +139,7 @@ class Tenant:
     limits: TenantLimits
     created_at: float  # unix seconds
     revoked: bool = False
+    policy: TenantPolicy = TenantPolicy()
 
 
 VoiceState = Literal["training", "warming", "ready", "failed"]
@@ -83,9 +156,11 @@ class TenantVoice:
     job_id: str | None = None  # the training job that builds it
     note: str | None = None  # free text, e.g. the state of its training
     state: VoiceState = "ready"  # the gateway's lifecycle; while "training", the job's own state says more
+    settled_at: float | None = None  # unix seconds it became ready (or failed): the tenant's retention counts from it
+    recordings_deleted_at: float | None = None  # when its uploads and consent recording were deleted (retention)
 
 
-VOICE_UPDATABLE: Final = frozenset({"job_id", "note", "state"})
+VOICE_UPDATABLE: Final = frozenset({"job_id", "note", "state", "settled_at", "recordings_deleted_at"})
 
 
 def key_digest(key: str) -> str:
@@ -126,19 +201,21 @@ def voice_id_of(tenant: Tenant, name: str) -> str:
 
 
 def tenant_fields(tenant: Tenant) -> dict[str, str]:
-    """The tenant's Redis hash: id, name, created_at, revoked, one field per limit."""
+    """The tenant's Redis hash: id, name, created_at, revoked, one field per limit, one per policy field."""
     limits = {name: str(getattr(tenant.limits, name)) for name in TenantLimits.names()}
     return {"id": tenant.id, "name": tenant.name, "created_at": repr(tenant.created_at),
-            "revoked": "1" if tenant.revoked else "0", **limits}
+            "revoked": "1" if tenant.revoked else "0", **limits, **tenant.policy.fields()}
 
 
 def tenant_from(fields: Mapping[str, str]) -> Tenant:
     try:
         limits = TenantLimits(**{name: int(fields[name]) for name in TenantLimits.names()})
-        return Tenant(fields["id"], fields["name"], limits, float(fields["created_at"]), fields["revoked"] == "1")
-    except (KeyError, ValueError, InvalidLimits) as exc:
+        policy = TenantPolicy.from_fields(fields)
+        return Tenant(fields["id"], fields["name"], limits, float(fields["created_at"]), fields["revoked"] == "1",
+                      policy)
+    except (KeyError, ValueError, InvalidLimits, InvalidPolicy) as exc:
         raise StoreError(f"the record of tenant {fields.get('id', '?')!r} in Redis is damaged ({exc!r}); "
-                         "fix it with `voicering tenant limits` or redis-cli") from None
+                         "fix it with `voicering tenant limits`, `voicering tenant policy` or redis-cli") from None
 
 
 def voice_from(raw: str) -> TenantVoice:

@@ -33,6 +33,7 @@ from gateway.tenants.records import (
     VOICE_UPDATABLE,
     Tenant,
     TenantLimits,
+    TenantPolicy,
     TenantVoice,
     VoiceState,
     check_job_id,
@@ -82,12 +83,14 @@ class Tenants:
 
     # -- tenants and keys ---------------------------------------------------------------------------
 
-    async def create(self, name: str, limits: TenantLimits | None = None) -> tuple[Tenant, str]:
+    async def create(self, name: str, limits: TenantLimits | None = None,
+                     policy: TenantPolicy | None = None) -> tuple[Tenant, str]:
         """A new tenant and its first API key. The key is returned once and never stored."""
         check_tenant_name(name)
         key = new_key()
         for _ in range(3):  # 50-bit ids: a collision is a freak, but cheap to survive
-            tenant = Tenant(new_tenant_id(), name, limits or TenantLimits(), time.time())
+            tenant = Tenant(new_tenant_id(), name, limits or TenantLimits(), time.time(), False,
+                            policy or TenantPolicy())
             k = self.keys
             fields = [x for pair in tenant_fields(tenant).items() for x in pair]
             with redis_errors():
@@ -139,6 +142,21 @@ class Tenants:
         if not changes:
             return tenant
         args = [x for name in changes for x in (name, str(getattr(limits, name)))]
+        with redis_errors():
+            record = await self._set_fields(keys=[self.keys.tenant(tenant.id)], args=args)
+        if not record:
+            raise TenantNotFound(f"tenant {tenant.name!r} was deleted meanwhile")
+        return tenant_from(pairs(record))
+
+    async def set_policy(self, name_or_id: str, **changes: object) -> Tenant:
+        """Change some policy fields (others stay); they apply to the tenant's next clones, and a new
+        retention period to its existing voices' recordings at the next sweep."""
+        tenant = await self.get(name_or_id)
+        policy = tenant.policy.replace(**changes)
+        if not changes:
+            return tenant
+        fields = policy.fields()
+        args = [x for name in changes for x in (name, fields[name])]
         with redis_errors():
             record = await self._set_fields(keys=[self.keys.tenant(tenant.id)], args=args)
         if not record:
@@ -219,8 +237,8 @@ class Tenants:
             raws = await self._redis.hvals(self.keys.voices(tenant.id))
         return sorted((voice_from(raw) for raw in raws), key=lambda v: v.name)
 
-    async def update_voice(self, tenant: Tenant, name: str, **fields: str | None) -> TenantVoice:
-        """Change `job_id`, `note` and/or `state` of the tenant's voice `name`."""
+    async def update_voice(self, tenant: Tenant, name: str, **fields: str | float | None) -> TenantVoice:
+        """Change `job_id`, `note`, `state`, `settled_at` and/or `recordings_deleted_at` of the voice `name`."""
         unknown = sorted(set(fields) - VOICE_UPDATABLE)
         if unknown:
             raise TenantError(f"cannot change {', '.join(unknown)} of a voice; changeable: "

@@ -33,7 +33,7 @@ import pytest
 
 from gateway.cloning.views import CANCELLED_REASON, PLATFORM_REASON
 from gateway.quotas import Quotas
-from gateway.tenants import TenantLimits, Tenants, connect_redis
+from gateway.tenants import TenantLimits, TenantPolicy, Tenants, connect_redis
 from lora_training.jobs import JobQueue
 from tests.fixtures.gateway import start_gateway
 from tests.fixtures.models import REPO
@@ -73,7 +73,8 @@ class Clones:
 
     async def tenant(self, **limits: int):
         tenant, key = await self.tenants.create(f"t{uuid.uuid4().hex[:12]}",
-                                                TenantLimits(requests_per_minute=100_000, **limits))
+                                                TenantLimits(requests_per_minute=100_000, **limits),
+                                                TenantPolicy(consent="statement"))  # these send typed consent
         return tenant, httpx.Client(base_url=self.process.url, headers={"Authorization": f"Bearer {key}"},
                                     timeout=60)
 
@@ -112,10 +113,10 @@ async def clones(redis_server, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def upload(speech_corpus) -> list:
+def upload(creator_corpus) -> list:
     """All 32 espeak-ng sentences (~65 s of speech, over the 60 s minimum) and their manifest."""
-    files = [("files", (c.path.name, c.path.read_bytes(), "audio/wav")) for c in speech_corpus]
-    manifest = json.dumps({c.path.name: c.transcript for c in speech_corpus}).encode()
+    files = [("files", (c.path.name, c.path.read_bytes(), "audio/wav")) for c in creator_corpus]
+    manifest = json.dumps({c.path.name: c.transcript for c in creator_corpus}).encode()
     return files + [("transcripts", ("transcripts.json", manifest, "application/json"))]
 
 

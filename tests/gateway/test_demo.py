@@ -11,6 +11,7 @@ import subprocess
 import sys
 import wave
 
+from lora_training.asr import BUNDLED_SHA256
 from tests.fixtures.models import REPO, STAND_IN_CACHE
 from tests.gateway.test_up import free_ports, processes_of
 
@@ -40,5 +41,13 @@ def test_the_demo_runs_the_platform_s_day_and_reports_every_line(stand_in, tmp_p
         assert 0 < line["ttfb_ms"] < 30_000 and line["rtf"] > 0
     assert report["stand_in"] and "noise, not speech" in done.stdout and "demo report" in done.stdout
     assert "ready         100%" in done.stdout and "POST /v1/voices -> 202" in done.stdout
+    assert "no transcripts: the trainer's ASR writes them" in done.stdout
+    published = [json.loads(p.read_text()) for p in (folder / "voices").glob("*/creator/voicering.json")]
+    assert len(published) == 1 and len(published[0]["asr"]["transcribed_files"]) == 32  # trained on ASR text
+    assert published[0]["asr"]["asr_model"]["sha256"] == BUNDLED_SHA256
+    # the clone's job is final: its trainer left no checkpoints, caches or staging folders behind
+    leftovers = [folder / "training" / "jobs", folder / "training" / "cache", folder / "voices" / "voicering-staging",
+                 folder / "voices" / ".staging"]
+    assert not [str(p) for p in leftovers if p.exists()]
     assert "voicering up exited with 0" in done.stdout
     assert not processes_of(folder)  # every process of the stack is gone

@@ -24,7 +24,7 @@ import pytest
 import soundfile as sf
 
 from gateway.quotas import Quotas
-from gateway.tenants import Tenants, connect_redis
+from gateway.tenants import TenantPolicy, Tenants, connect_redis
 from hashring.settings import RingSettings
 from hashring.store import RingStore
 from lora_training.jobs import JobQueue
@@ -46,11 +46,11 @@ def wav_bytes(samples: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def corpus(speech_corpus) -> dict:
+def corpus(creator_corpus) -> dict:
     """All 32 espeak-ng sentences (~65 s of speech, over the default 60 s minimum) and their manifest."""
-    files = [(clip.path.name, clip.path.read_bytes()) for clip in speech_corpus]
-    manifest = json.dumps({clip.path.name: clip.transcript for clip in speech_corpus}).encode()
-    return {"files": files, "manifest": manifest, "clips": speech_corpus}
+    files = [(clip.path.name, clip.path.read_bytes()) for clip in creator_corpus]
+    manifest = json.dumps({clip.path.name: clip.transcript for clip in creator_corpus}).encode()
+    return {"files": files, "manifest": manifest, "clips": creator_corpus}
 
 
 def form(name: str | None, files, *, consent: str | None = CONSENT, manifest: bytes | None = None, **extra):
@@ -156,8 +156,6 @@ def bad_cases(corpus) -> dict:
                     "give the voice a name"),
         "no files": (dict(name="v", files=[], manifest=few_manifest), "missing_field", "files",
                      "no audio was uploaded"),
-        "no transcripts": (dict(name="v", files=few), "transcripts", "transcripts",
-                           "audio files without a transcript"),
         "manifest names other files": (dict(name="v", files=few, manifest=one), "transcripts", "transcripts",
                                        "transcripts name files that were not uploaded: take.wav"),
         "unknown field": (dict(name="v", files=few, manifest=few_manifest, voice_style="calm"),
@@ -166,7 +164,7 @@ def bad_cases(corpus) -> dict:
 
 
 CASES = ["corrupt file", "silent audio", "too short", "too much audio", "no consent", "blank consent", "bad name",
-         "name with a space", "base voice name", "no name", "no files", "no transcripts", "manifest names other files",
+         "name with a space", "base voice name", "no name", "no files", "manifest names other files",
          "unknown field"]
 
 
@@ -181,6 +179,27 @@ async def test_a_bad_upload_is_400_saying_what_to_fix_and_nothing_is_kept(gatewa
     assert message in error["message"]
     assert stored_for(gateway, tenant) == []
     assert names(get(gateway, key, "/v1/voices")) == ["tara", "leo"]
+
+
+async def test_an_upload_without_transcripts_is_queued_for_the_trainer_s_asr(gateway, new_tenant, corpus, queue):
+    _, key = await new_tenant()
+    response = post_voice(gateway, key, "untyped", corpus["files"])  # clone_asr is on by default
+    assert response.status_code == 202, response.text
+    spec = queue.spec(response.json()["job_id"])
+    assert spec.transcripts is None and not any(p.with_suffix(".txt").exists() for p in spec.audio)
+
+
+def test_with_clone_asr_off_files_without_a_transcript_are_refused(corpus, tmp_path):
+    from gateway.cloning.checks import check_uploads
+    from gateway.cloning.errors import BadUpload
+    from gateway.cloning.uploads import Upload
+    from lora_training.settings import DataParams
+
+    (tmp_path / "audio").mkdir()
+    audio = [shutil.copy(clip.path, tmp_path / "audio" / clip.path.name) for clip in corpus["clips"][:2]]
+    with pytest.raises(BadUpload) as refused:
+        check_uploads(Upload(tmp_path, audio=[Path(p) for p in audio]), DataParams(), asr=False)
+    assert refused.value.code == "transcripts" and "audio files without a transcript" in str(refused.value)
 
 
 def test_a_body_that_is_not_multipart_is_400(gateway, new_tenant_key):
@@ -423,7 +442,8 @@ async def test_the_watcher_lives_through_a_redis_outage_and_uploads_are_503_mean
         redis = connect_redis(own.url, timeout_s=1.0)
         raw = sync_redis.Redis.from_url(own.url)
         try:
-            tenant, key = await Tenants(redis, settings.tenant_prefix).create("acme")
+            tenant, key = await Tenants(redis, settings.tenant_prefix).create(
+                "acme", policy=TenantPolicy(consent="statement"))  # it sends typed consent
             url = f"http://127.0.0.1:{settings.port}"
             async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as api:
                 created = await api.post("/v1/voices", **form("steady", corpus["files"], manifest=corpus["manifest"]))

@@ -1,14 +1,26 @@
 """The web page at `/` in a real headless Chromium, against a real `voicering gateway` process and the
 session's real worker: it loads cleanly, lists voices, streams a line through Web Audio (playback
 starting before the response ends), shows the API's error message for a bad key, and uploads a
-clone with upload progress, then shows its training state."""
+clone with upload progress, then shows its training state; with spoken consent (a phrase asked
+for, its reading picked as a file) it uploads and shows the voice queued with its upload checks;
+a faulty upload's findings are listed, and a consent policy error switches the page to the
+account's policy.
+
+The spoken-consent test picks the reading as a file: the page's microphone path (MediaRecorder)
+needs a capture device, which the session's headless Chromium does not have (it runs without
+Chromium's fake-device flags), so a test of it would prove nothing about a real microphone."""
 
 from __future__ import annotations
 
 import json
 
 import httpx
+import numpy as np
 import pytest
+import soundfile as sf
+
+from gateway.cloning.consent import text_to_read
+from tests.fixtures.speech import CREATOR_VOICE, SAMPLE_RATE, synthesize
 
 
 LINE = "The birch canoe slid on the smooth planks, and the juice of lemons makes fine punch."
@@ -132,25 +144,26 @@ async def test_a_bad_key_shows_the_api_s_error_message(page, gateway):
 
 
 @pytest.fixture
-def manifest(speech_corpus, tmp_path):
+def manifest(creator_corpus, tmp_path):
     """The 32 espeak-ng sentences' transcripts (~65 s of speech: over the 60 s a clone needs)."""
     path = tmp_path / "transcripts.json"
-    path.write_text(json.dumps({clip.path.name: clip.transcript for clip in speech_corpus}))
+    path.write_text(json.dumps({clip.path.name: clip.transcript for clip in creator_corpus}))
     return path
 
 
-async def test_an_upload_shows_its_progress_then_the_training_state(page, gateway, key, api_paths, speech_corpus,
+async def test_an_upload_shows_its_progress_then_the_training_state(page, gateway, key, api_paths, creator_corpus,
                                                                     manifest):
     if "POST" not in api_paths.get("/v1/voices", set()):
         pytest.skip("POST /v1/voices is not in this gateway's OpenAPI schema yet (voice cloning not built)")
     name = "page-clone"
     await use_key(page, key)
     await page.evaluate(f"document.getElementById('clone-name').value = {js(name)};"
+                        "document.getElementById('consent-kind-statement').click();"  # a statement tenant
                         "document.getElementById('clone-consent').value = "
                         "'I am the speaker in these recordings and agree to a clone of my voice.'")
-    await page.set_files("#clone-files", [clip.path for clip in speech_corpus])
+    await page.set_files("#clone-files", [clip.path for clip in creator_corpus])
     await page.set_files("#clone-transcripts", [manifest])
-    assert await page.evaluate("document.getElementById('clone-files').files.length") == len(speech_corpus)
+    assert await page.evaluate("document.getElementById('clone-files').files.length") == len(creator_corpus)
     try:
         await page.evaluate("document.getElementById('clone-upload').click()")
         await page.wait_for("document.getElementById('upload-percent').textContent === '100' || "
@@ -171,3 +184,133 @@ async def test_an_upload_shows_its_progress_then_the_training_state(page, gatewa
         assert page.console_errors == []
     finally:  # the training job is not this test's business: cancel it
         httpx.delete(f"{gateway.url}/v1/voices/{name}", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+STATEMENT = "I am the speaker in these recordings and agree to a clone of my voice."
+
+
+def clone_api(api_paths) -> None:
+    if "POST" not in api_paths.get("/v1/voices/consent", set()):
+        pytest.skip("POST /v1/voices/consent is not in this gateway's OpenAPI schema yet (spoken consent not built)")
+
+
+async def upload_from_page(page) -> None:
+    await page.evaluate("document.getElementById('clone-upload').click()")
+    await page.wait_for("!document.getElementById('clone-upload').disabled", timeout_s=90)  # answered
+
+
+async def text_of_first(page, selector: str) -> str:
+    return await page.evaluate(f"document.querySelector({js(selector)}).textContent")
+
+
+async def items(page, container_id: str) -> list[dict]:
+    return await page.evaluate(f"Array.from(document.querySelectorAll('#{container_id} li'), li => "
+                               "({level: li.dataset.level, file: li.dataset.file || null, text: li.textContent}))")
+
+
+async def test_a_spoken_consent_tenant_clones_from_the_page_with_a_recording_file(page, gateway, new_tenant, api_paths,
+                                                                                 creator_corpus, tmp_path):
+    clone_api(api_paths)
+    _, key = await new_tenant(consent="spoken")
+    name = "page-spoken"
+    await use_key(page, key)
+    await page.evaluate(f"document.getElementById('clone-name').value = {js(name)};"
+                        "document.getElementById('consent-kind-statement').click();"
+                        f"document.getElementById('clone-consent').value = {js(STATEMENT)}")
+    await page.set_files("#clone-files", [clip.path for clip in creator_corpus])  # no transcripts: the job's ASR
+    try:
+        # typed text on a spoken account: the API's 400 consent_policy switches the page and says why
+        await upload_from_page(page)
+        assert "consent policy is spoken" in await text_of(page, "clone-error")
+        assert await page.evaluate("document.getElementById('consent-policy').dataset.policy") == "spoken"
+        assert "reads a one-time phrase aloud" in await text_of(page, "consent-policy")
+        assert await page.evaluate("document.getElementById('consent-kind-spoken').checked")
+        assert await page.evaluate("document.getElementById('consent-spoken').hidden") is False
+
+        await page.evaluate("document.getElementById('consent-ask').click()")
+        state = await page.wait_for("(e => e.dataset.state !== 'asking' && e.dataset.state !== 'none' && "
+                                    "e.dataset.state)(document.getElementById('consent-state'))")
+        assert state == "issued", await text_of(page, "consent-state")
+        assert f"phrase for '{name}'" in await text_of(page, "consent-state")
+        assert "left)" in await text_of(page, "consent-state")  # its expiry, counted down
+        text = await text_of(page, "consent-text")
+        assert text.startswith("I consent to ")
+        phrase = text.rsplit("My words are: ", 1)[1].rstrip(".").replace(",", "")
+        assert text_to_read(phrase) == text
+
+        reading = synthesize(text, CREATOR_VOICE, tmp_path / "my-consent.wav")  # the creator's own voice
+        seconds = sf.info(str(reading)).duration
+        await page.set_files("#consent-file", [reading])
+        chosen = await page.wait_for("(e => e.dataset.state === 'chosen' && e.textContent)"
+                                     "(document.getElementById('consent-recording'))")
+        assert chosen.startswith("chosen: my-consent.wav, ") and chosen.endswith(" s")
+        assert float(chosen.split(", ")[1][:-2]) == pytest.approx(seconds, abs=0.051)  # its length, as decoded
+
+        await upload_from_page(page)
+        assert await text_of(page, "clone-error") == ""
+        assert await text_of(page, "train-state") == "queued"  # the 202's state
+        assert (await text_of(page, "consent-state")).startswith(f"used by the upload of '{name}'")
+        voice = httpx.get(f"{gateway.url}/v1/voices/{name}", headers={"Authorization": f"Bearer {key}"},
+                          timeout=10).json()
+        assert voice["state"] not in ("failed", "ready"), voice  # no trainer here: it stays queued
+        findings = voice["checks"]["findings"]
+        assert findings  # the clean corpus is short of 8 minutes: a speech_amount warning at least
+        await page.wait_for("document.querySelectorAll('#train-checks li').length > 0")
+        shown = await items(page, "train-checks")
+        assert sorted((i["level"], i["file"], i["text"]) for i in shown) == sorted(
+            (f["level"], f["file"], f["message"]) for f in findings)
+        assert page.console_errors == []
+    finally:
+        httpx.delete(f"{gateway.url}/v1/voices/{name}", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+def clipped(samples: np.ndarray, share: float) -> np.ndarray:
+    """The loudest `share` of the samples pushed to full scale (clipped, under ingest's 1 % refusal)."""
+    out = samples.copy()
+    loudest = np.argsort(np.abs(out.astype(np.int32)))[-int(share * out.size):]
+    out[loudest] = np.where(out[loudest] >= 0, 32767, -32768)
+    return out
+
+
+async def test_a_faulty_upload_shows_every_finding_and_a_statement_account_is_told_its_policy(
+        page, gateway, new_tenant, api_paths, creator_corpus, manifest, tmp_path):
+    clone_api(api_paths)
+    _, key = await new_tenant(consent="statement")
+    name = "page-faulty"
+    bad = {creator_corpus[3].path.name, creator_corpus[10].path.name}
+    folder = tmp_path / "takes"
+    folder.mkdir()
+    paths = []
+    for clip in creator_corpus:
+        path = folder / clip.path.name
+        sf.write(str(path), clipped(clip.load(), 0.008) if path.name in bad else clip.load(), SAMPLE_RATE,
+                 subtype="PCM_16")
+        paths.append(path)
+    await use_key(page, key)
+    await page.evaluate(f"document.getElementById('clone-name').value = {js(name)};"
+                        "document.getElementById('consent-ask').click()")  # the page's default: spoken
+    await page.wait_for("document.getElementById('consent-policy').dataset.policy")
+    assert await page.evaluate("document.getElementById('consent-policy').dataset.policy") == "statement"
+    assert "typed consent statement" in await text_of(page, "consent-policy")
+    assert await page.evaluate("document.getElementById('consent-statement').hidden") is False
+
+    await page.evaluate(f"document.getElementById('clone-consent').value = {js(STATEMENT)}")
+    await page.set_files("#clone-files", paths)
+    await page.set_files("#clone-transcripts", [manifest])
+    await upload_from_page(page)
+    assert (await text_of(page, "clone-error")).startswith("the recordings cannot make a good clone")
+
+    # the same upload straight to the API: the findings the page had to show
+    parts = [("files", (p.name, p.read_bytes(), "audio/wav")) for p in paths]
+    parts.append(("transcripts", ("transcripts.json", manifest.read_bytes(), "application/json")))
+    direct = httpx.post(f"{gateway.url}/v1/voices", headers={"Authorization": f"Bearer {key}"}, timeout=120,
+                        data={"name": name, "consent": STATEMENT}, files=parts)
+    assert direct.status_code == 400 and direct.json()["error"]["code"] == "upload_checks", direct.text
+    findings = direct.json()["error"]["findings"]
+    assert {f["file"] for f in findings} == bad
+    shown = await items(page, "clone-findings")
+    assert sorted((i["level"], i["file"], i["text"]) for i in shown) == sorted(
+        (f["level"], f["file"], f["message"]) for f in findings)
+    assert (await text_of_first(page, "#clone-findings h3")).startswith("Must be fixed")  # blocks first
+    assert await text_of(page, "train-state") == "–"
+    assert page.console_errors == []

@@ -26,7 +26,7 @@ from hashring import RingSettings
 from hashring.membership import RingWatcher
 from hashring.placement import ReplicaControl, place
 from hashring.store import RingStore
-from tests.fixtures.models import CLUSTER_PREFIX, cluster_args, start_worker
+from tests.fixtures.models import CLUSTER_PREFIX, cluster_args, start_worker, stop_workers
 
 VOICERING = Path(sys.executable).parent / "voicering"
 
@@ -50,8 +50,7 @@ def cluster(worker, stand_in, adapter_store, redis_server, tmp_path_factory):
         b, c = pool.map(start, IDS[1:])
     workers = dict(zip(IDS, (worker, b, c), strict=True))
     yield workers
-    for handle in (b, c):
-        handle.stop()
+    stop_workers(b, c)
 
 
 def alive(cluster) -> list[str]:

@@ -34,7 +34,7 @@ from hashring.membership import Heartbeat, RingWatcher
 from hashring.placement import place
 from hashring.records import WorkerInfo
 from hashring.store import RingStore
-from tests.fixtures.models import cluster_args, start_worker
+from tests.fixtures.models import cluster_args, start_worker, stop_workers
 
 PREFIX = "test:relay"
 ENTRY, OWNER, SILENT = "relay-entry", "relay-owner", "relay-silent"
@@ -66,8 +66,7 @@ def pair(stand_in, adapter_store, redis_server, tmp_path_factory):
                     with contextlib.suppress(Exception):
                         f.result().stop()
     yield handles
-    for handle in handles.values():
-        handle.stop()
+    stop_workers(*handles.values())
 
 
 def settings(redis_server) -> RingSettings:

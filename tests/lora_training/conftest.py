@@ -1,4 +1,4 @@
-"""Training test data: real espeak-ng speech (tests/fixtures/speech.py) padded with 600 ms of head
+"""Training test data: real espeak-ng speech of one voice (tests/fixtures/speech.py `creator_corpus`) padded with 600 ms of head
 silence, cut into uploads the way a creator would send them, plus training settings on the stand-in
 models. Session-scoped, so the clip and SNAC caches built by the first training test serve the rest.
 
@@ -37,16 +37,16 @@ class Uploads:
 
 
 @pytest.fixture(scope="session")
-def uploads(speech_corpus, tmp_path_factory) -> Uploads:
+def uploads(creator_corpus, tmp_path_factory) -> Uploads:
     folder = tmp_path_factory.mktemp("uploads")
     texts: dict[str, str] = {}
     paths: list[Path] = []
-    for clip in speech_corpus[:SINGLE_FILES]:
+    for clip in creator_corpus[:SINGLE_FILES]:
         path = folder / f"single-{clip.path.stem}.wav"
         sf.write(str(path), pad_silence(clip.load(), SAMPLE_RATE, HEAD_PAD_MS), SAMPLE_RATE, subtype="PCM_16")
         texts[path.name] = clip.transcript
         paths.append(path)
-    long_clips = speech_corpus[SINGLE_FILES:SINGLE_FILES + LONG_SENTENCES]
+    long_clips = creator_corpus[SINGLE_FILES:SINGLE_FILES + LONG_SENTENCES]
     long_audio = np.concatenate([pad_silence(c.load(), SAMPLE_RATE, HEAD_PAD_MS) for c in long_clips])
     long_path = folder / "long-take.wav"
     sf.write(str(long_path), long_audio, SAMPLE_RATE, subtype="PCM_16")

@@ -62,14 +62,16 @@ def test_transcripts_that_do_not_match_the_file_names(uploads, settings, reporte
     renamed = {f"take-{i}.wav": text for i, text in enumerate(uploads.texts.values())}
     (tmp_path / "t.json").write_text(json.dumps(renamed))
     spec = JobSpec(name="v", tenant="t", audio=uploads.audio, transcripts=tmp_path / "t.json")
-    message = _fail(spec, settings, reporter, TranscriptError)
+    message = _fail(spec, settings, reporter, TranscriptError)  # ASR on (the default): stray names still fail
+    assert "transcripts name files that were not uploaded: take-0.wav" in message
+    message = _fail(spec, settings.model_copy(update={"asr_model": "off"}), reporter, TranscriptError)
     assert "transcripts name files that were not uploaded: take-0.wav" in message
     assert "audio files without a transcript: single-" in message
 
 
-def test_no_transcripts_and_no_asr(uploads, settings, reporter):
+def test_no_transcripts_and_asr_off(uploads, settings, reporter):
     spec = JobSpec(name="v", tenant="t", audio=uploads.audio)
-    message = _fail(spec, settings, reporter, TranscriptError)
+    message = _fail(spec, settings.model_copy(update={"asr_model": "off"}), reporter, TranscriptError)
     assert "no ASR backend is configured" in message and "--transcripts" in message and "ASR_MODEL" in message
 
 

@@ -77,6 +77,7 @@ def test_a_killed_trainer_is_reclaimed_and_resumes_from_its_checkpoint(
     assert status.state == "ready", status
     assert status.resumed_from_step == saved and status.attempts == 2 and status.consumer == "trainer-b"
     assert status.progress == 100.0 and queue.pending() == 0 and queue.holder(job) is None
+    assert not (train_settings.work_dir / "jobs" / job).exists()  # final: its checkpoints are gone
     meta = json.loads((adapter_store / "acme" / "bob" / "voicering.json").read_text())
     assert meta["resumed_from_step"] == saved and meta["steps"] == 9 and meta["job_id"] == job
     assert meta["sample"]["frames"] > 0
