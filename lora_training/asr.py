@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from lora_training.settings import DataParams, TrainSettings
 
 __all__ = ["ASR_OFF", "BUNDLED", "BUNDLED_SHA256", "AsrBackend", "AsrModel", "FasterWhisperAsr", "Transcript",
-           "asr_loader", "doubt", "load_asr", "resolve_model"]
+           "asr_loader", "doubt", "load_asr", "resolve_model", "scoring_model"]
 
 WHISPER_RATE: Final = 16_000
 BUNDLED: Final = "bundled"
@@ -138,6 +138,14 @@ def _joined(segments: list) -> Transcript:
     logprob = sum(s.avg_logprob * n for s, n in zip(segments, tokens)) / sum(tokens)
     return Transcript(text, logprob, max(s.no_speech_prob for s in segments),
                       max(s.compression_ratio for s in segments))
+
+
+def scoring_model(settings: TrainSettings) -> AsrModel:
+    """The model a job judges speech with (the consent phrase, the clone report's WER): the job's own,
+    or the bundled tiny.en when its ASR is off (transcripts were typed, but judging still needs one)."""
+    model = resolve_model(settings.asr_model) or resolve_model(BUNDLED)
+    assert model is not None  # only "off" resolves to None
+    return model
 
 
 def resolve_model(setting: str | os.PathLike) -> AsrModel | None:

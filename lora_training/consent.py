@@ -41,10 +41,10 @@ if TYPE_CHECKING:
     from lora_training.quality.speaker import SpeakerEncoder
     from lora_training.quality.speakers import SpeakerMatch
     from lora_training.quality.thresholds import CheckThresholds
-    from lora_training.settings import DataParams, TrainSettings
+    from lora_training.settings import DataParams
 
 __all__ = ["MAX_CONSENT_AUDIO_S", "MAX_PHRASE_WORDS_MISSED", "REFERENCE_MAX_S", "ConsentCheck", "PhraseHeard",
-           "UploadVoice", "check_consent", "consent_asr", "phrase_heard", "same_speaker", "verify_job_consent",
+           "UploadVoice", "check_consent", "phrase_heard", "same_speaker",
            "words_in_order"]
 
 MAX_CONSENT_AUDIO_S: Final = 30.0  # the recording (reading the text takes ~10 s); the gateway refuses longer
@@ -192,25 +192,6 @@ def check_consent(path: Path, phrase: str, clips: Sequence[Clip], data: DataPara
 def _unit(v: np.ndarray) -> np.ndarray:
     norm = float(np.linalg.norm(v))
     return v / norm if norm > 0 else v
-
-
-def consent_asr(settings: TrainSettings) -> AsrBackend:
-    """The job's ASR model; the bundled tiny.en when the trainer's ASR is off (consent needs one)."""
-    from lora_training.asr import BUNDLED, asr_loader, resolve_model
-
-    load = asr_loader(settings, resolve_model(settings.asr_model) or resolve_model(BUNDLED))
-    assert load is not None
-    return load()
-
-
-def verify_job_consent(audio: Path, phrase: str, clips: Sequence[Clip], data: DataParams,
-                       settings: TrainSettings) -> dict:
-    """The job's step: load the models, check, return the figures for the metadata (ConsentError on a
-    mismatch)."""
-    from lora_training.quality.speaker import SpeakerEncoder
-
-    return check_consent(audio, phrase, clips, data, asr=consent_asr(settings),
-                         encoder=SpeakerEncoder.load(device=settings.resolved_device())).to_dict()
 
 
 def _fail(result: ConsentCheck, message: str) -> None:

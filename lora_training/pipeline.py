@@ -132,6 +132,7 @@ def run_job(
     # preprocessing: clips, then SNAC frames; a stop (cancel, lease lost) is seen between files and batches
     reporter.state("preprocessing", "reading and cutting the audio")
     asr_model = resolve_model(settings.asr_model)  # hashed here: the clip cache key names it
+    scorers = _Scorers(settings)
     clip_set = preprocess(
         list(spec.audio), spec.transcripts, spec.data, asr=asr_loader(settings, asr_model), asr_model=asr_model,
         cache_dir=cache_dir,
@@ -141,10 +142,11 @@ def run_job(
     stop.check()
     consent = None
     if spec.consent_audio is not None:  # before the costly steps: a refused consent ends the job here
-        from lora_training.consent import verify_job_consent
+        from lora_training.consent import check_consent
 
         reporter.progress(phase_percent("preprocessing", 0.3), "checking the spoken consent")
-        consent = verify_job_consent(spec.consent_audio, spec.consent_phrase or "", clip_set.clips, spec.data, settings)
+        consent = check_consent(spec.consent_audio, spec.consent_phrase or "", clip_set.clips, spec.data,
+                                asr=scorers.asr(), encoder=scorers.encoder()).to_dict()
         stop.check()
     from transformers import AutoTokenizer
 
@@ -208,7 +210,7 @@ def run_job(
         sample, report = None, None
         if settings.validate_sample:
             sample, report = _validate(pub.staged_id(staged), spec, settings, sampler, job_dir, holdout,
-                                       lambda m: reporter.progress(phase_percent("validating", 0.4), m))
+                                       lambda m: reporter.progress(phase_percent("validating", 0.4), m), scorers)
         stop.check()
         from lora_training.report import gate
 
@@ -242,8 +244,40 @@ def _hold_out(spec: JobSpec, settings: TrainSettings, clips: list) -> HoldOut:
                     min_clips=p.report_holdout_min_clips, max_share=p.report_holdout_max_share, seed=p.seed)
 
 
+class _Scorers:
+    """The models a job judges speech with, each loaded at most once per job: the consent check and
+    the clone report share them (the ASR: the job's own or the bundled tiny.en; the speaker model)."""
+
+    def __init__(self, settings: TrainSettings) -> None:
+        self._settings = settings
+        self._asr = self._encoder = None
+
+    @property
+    def model(self):
+        from lora_training.asr import scoring_model
+
+        return scoring_model(self._settings)
+
+    def asr(self):
+        if self._asr is None:
+            from lora_training.asr import asr_loader
+
+            load = asr_loader(self._settings, self.model)
+            assert load is not None  # a resolved model always has a loader
+            self._asr = load()
+        return self._asr
+
+    def encoder(self):
+        if self._encoder is None:
+            from lora_training.quality.speaker import SpeakerEncoder
+
+            self._encoder = SpeakerEncoder.load("cpu")
+        return self._encoder
+
+
 def _validate(staged_voice: str, spec: JobSpec, settings: TrainSettings, sampler: pub.Sampler | None,
-              job_dir: Path, holdout: HoldOut, say: Callable[[str], None]) -> tuple[pub.Sample, dict | None]:
+              job_dir: Path, holdout: HoldOut, say: Callable[[str], None],
+              scorers: _Scorers) -> tuple[pub.Sample, dict | None]:
     """The validation sample, then (report wanted) the clone report, through the same worker."""
     from lora_training.report import WorkerSpeaker
 
@@ -272,12 +306,12 @@ def _validate(staged_voice: str, spec: JobSpec, settings: TrainSettings, sampler
         if speaker is None:  # a sampler that cannot hand back audio: no report, and the metadata says none
             return sample, None
         say("speaking the clone report's sentences")
-        return sample, _clone_report(staged_voice, spec, settings, speaker, holdout)
+        return sample, _clone_report(staged_voice, spec, settings, speaker, holdout, scorers)
 
 
-def _clone_report(staged_voice: str, spec: JobSpec, settings: TrainSettings, speaker, holdout: HoldOut) -> dict:
-    from lora_training.asr import BUNDLED, asr_loader
-    from lora_training.quality.speaker import WEIGHTS_SHA256, SpeakerEncoder
+def _clone_report(staged_voice: str, spec: JobSpec, settings: TrainSettings, speaker, holdout: HoldOut,
+                  scorers: _Scorers) -> dict:
+    from lora_training.quality.speaker import WEIGHTS_SHA256
     from lora_training.report import is_stand_in, make_report
 
     stand_in = is_stand_in(settings.base_model)
@@ -286,15 +320,11 @@ def _clone_report(staged_voice: str, spec: JobSpec, settings: TrainSettings, spe
     if stand_in:  # noise either way: keep its cost small on CPU
         sentences = sentences[:settings.report_stand_in_sentences]
         max_tokens = min(max_tokens, settings.report_stand_in_max_tokens)
-    model = resolve_model(settings.asr_model) or resolve_model(BUNDLED)  # ASR off: the bundled tiny.en, as consent
-    load = asr_loader(settings, model)
-    if load is None or model is None:
-        raise ConfigError("the clone report needs an ASR model: set asr_model, or report_sentences to []")
     models = {"speaker": {"name": "resemblyzer 0.1.4 GE2E d-vector (pretrained.pt)", "sha256": WEIGHTS_SHA256},
-              "asr": model.identity()}
+              "asr": scorers.model.identity()}
     return make_report(clone_voice=staged_voice, base_voices=spec.base_voices or settings.report_base_voices,
-                       sentences=sentences, max_tokens=max_tokens, speaker=speaker, encoder=SpeakerEncoder.load("cpu"),
-                       asr=load(), held=holdout.held, train=holdout.train, holdout_reason=holdout.reason,
+                       sentences=sentences, max_tokens=max_tokens, speaker=speaker, encoder=scorers.encoder(),
+                       asr=scorers.asr(), held=holdout.held, train=holdout.train, holdout_reason=holdout.reason,
                        models=models, stand_in=stand_in)
 
 
