@@ -90,8 +90,9 @@ def doubt(heard: Transcript, data: DataParams) -> str | None:
 class AsrBackend(Protocol):
     model: AsrModel
 
-    def transcribe(self, audio: np.ndarray) -> Transcript:
-        """24 kHz mono float32 piece -> what was said in it."""
+    def transcribe(self, audio: np.ndarray, *, passage: bool = False) -> Transcript:
+        """24 kHz mono float32 piece -> what was said in it. `passage`: the audio holds several
+        sentences (the consent reading), decoded with timestamps (FasterWhisperAsr says why)."""
         ...
 
 
@@ -101,7 +102,14 @@ class FasterWhisperAsr:
     Each piece is decoded on its own, by beam search (5 beams) at temperature 0 only (deterministic:
     a retried job transcribes the same), with no VAD (pieces are already cut at pauses) and without
     whisper's own no-speech skipping, so every piece comes back with its confidence for
-    `doubt` to judge."""
+    `doubt` to judge.
+
+    A piece (one sentence, cut at pauses) is decoded without timestamps; a `passage` with them.
+    Without timestamps whisper's one pass over a 30 s window ends at its first end-of-text: tiny.en
+    stopped after the first sentence of 4 in 60 consent readings by espeak-ng en+f3 ("... copy of
+    my voice. My words are..."), and with timestamps it seeks past that and heard at least 4 of
+    the 5 phrase words in each of 240 (en+f3 and en-us). On single sentences timestamps do harm:
+    tiny.en heard one en+f3 Harvard sentence as "Thank you so much for watching"."""
 
     def __init__(self, model: AsrModel, *, device: str, cpu_threads: int, language: str | None) -> None:
         try:
@@ -118,18 +126,18 @@ class FasterWhisperAsr:
         self.model = model
         self._language = language
 
-    def transcribe(self, audio: np.ndarray) -> Transcript:
+    def transcribe(self, audio: np.ndarray, *, passage: bool = False) -> Transcript:
         import soxr
 
         x = soxr.resample(audio, SAMPLE_RATE, WHISPER_RATE, quality="HQ").astype(np.float32)  # [n * 2/3]
         segments, _ = self._model.transcribe(
             x, language=self._language, beam_size=BEAM_SIZE, temperature=0.0, vad_filter=False,
-            condition_on_previous_text=False, without_timestamps=True, no_speech_threshold=None)
+            condition_on_previous_text=False, without_timestamps=not passage, no_speech_threshold=None)
         return _joined(list(segments))
 
 
 def _joined(segments: list) -> Transcript:
-    """One piece's segments (one per 30 s window) as one transcript: log-probability weighted by
+    """One piece's segments (one per 30 s window; a passage's, one per sentence) as one transcript: log-probability weighted by
     tokens, the least sure window's no-speech and compression figures."""
     text = " ".join(s.text.strip() for s in segments).strip()
     if not segments:

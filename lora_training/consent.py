@@ -169,7 +169,7 @@ def check_consent(path: Path, phrase: str, clips: Sequence[Clip], data: DataPara
 
     thresholds = thresholds or CheckThresholds()
     recording = ingest(path, data, max_s=MAX_CONSENT_AUDIO_S)
-    said = asr.transcribe(recording.audio)
+    said = asr.transcribe(recording.audio, passage=True)
     heard = phrase_heard(phrase, getattr(said, "text", said))
     if not heard.passed:
         _fail(ConsentCheck(heard, None, thresholds), (

@@ -42,9 +42,9 @@ class CountingAsr:
     def __init__(self, backend) -> None:
         self.backend, self.model, self.calls = backend, backend.model, 0
 
-    def transcribe(self, audio):
+    def transcribe(self, audio, **options):
         self.calls += 1
-        return self.backend.transcribe(audio)
+        return self.backend.transcribe(audio, **options)
 
 
 @pytest.fixture(scope="module")
