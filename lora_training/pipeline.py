@@ -209,7 +209,7 @@ def run_job(
         reporter.progress(phase_percent("validating", 0.2), "adapter checks passed")
         sample, report = None, None
         if settings.validate_sample:
-            sample, report = _validate(pub.staged_id(staged), spec, settings, sampler, job_dir, holdout,
+            sample, report = _validate(staged, spec, settings, sampler, job_dir, holdout,
                                        lambda m: reporter.progress(phase_percent("validating", 0.4), m), scorers)
         stop.check()
         from lora_training.report import gate
@@ -275,11 +275,15 @@ class _Scorers:
         return self._encoder
 
 
-def _validate(staged_voice: str, spec: JobSpec, settings: TrainSettings, sampler: pub.Sampler | None,
+def _validate(staged: Path, spec: JobSpec, settings: TrainSettings, sampler: pub.Sampler | None,
               job_dir: Path, holdout: HoldOut, say: Callable[[str], None],
               scorers: _Scorers) -> tuple[pub.Sample, dict | None]:
-    """The validation sample, then (report wanted) the clone report, through the same worker."""
+    """The validation sample, then (report wanted) the clone report, through the same worker; the
+    report's sample audio goes beside the staged adapter, published with it."""
+    from gpu_worker.adapters.layout import REPORT_AUDIO
     from lora_training.report import WorkerSpeaker
+
+    staged_voice = pub.staged_id(staged)
 
     with ExitStack() as stack:
         token = None
@@ -306,11 +310,11 @@ def _validate(staged_voice: str, spec: JobSpec, settings: TrainSettings, sampler
         if speaker is None:  # a sampler that cannot hand back audio: no report, and the metadata says none
             return sample, None
         say("speaking the clone report's sentences")
-        return sample, _clone_report(staged_voice, spec, settings, speaker, holdout, scorers)
+        return sample, _clone_report(staged_voice, spec, settings, speaker, holdout, scorers, staged / REPORT_AUDIO)
 
 
 def _clone_report(staged_voice: str, spec: JobSpec, settings: TrainSettings, speaker, holdout: HoldOut,
-                  scorers: _Scorers) -> dict:
+                  scorers: _Scorers, audio_dir: Path) -> dict:
     from lora_training.quality.speaker import WEIGHTS_SHA256
     from lora_training.report import is_stand_in, make_report
 
@@ -325,7 +329,7 @@ def _clone_report(staged_voice: str, spec: JobSpec, settings: TrainSettings, spe
     return make_report(clone_voice=staged_voice, base_voices=spec.base_voices or settings.report_base_voices,
                        sentences=sentences, max_tokens=max_tokens, speaker=speaker, encoder=scorers.encoder(),
                        asr=scorers.asr(), held=holdout.held, train=holdout.train, holdout_reason=holdout.reason,
-                       models=models, stand_in=stand_in)
+                       models=models, stand_in=stand_in, audio_dir=audio_dir)
 
 
 __all__ = ["PHASES", "TERMINAL", "JobSpec", "JobState", "Reporter", "phase_percent", "published_by", "run_job"]

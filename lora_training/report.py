@@ -42,6 +42,7 @@ __all__ = ["CLONE", "MIN_SELF_GAP", "REFERENCE_MAX_S", "REPORT_VERSION", "Gate",
 
 REPORT_VERSION = 1
 CLONE = "clone"  # the clone's samples in `samples[].voice` (base voices go by their names)
+WAV_HEADER_BYTES = 44
 MIN_SELF_GAP = 0.02  # s_self - s_imp below this: impostors and self are not told apart, no normalized score
 REFERENCE_MAX_S = 300.0  # speech of the training clips embedded as the reference (bounds the report's cost)
 MOS_NOTE = "no MOS predictor is installed on this trainer (UTMOS and the like are not packaged here)"
@@ -127,6 +128,7 @@ class _Heard:
     seconds: float
     vector: np.ndarray | None
     error: str | None = None
+    pcm: np.ndarray | None = None  # int16, 24 kHz: what the creator can play back
 
 
 def _embed(encoder, audio: np.ndarray) -> np.ndarray | None:
@@ -164,9 +166,11 @@ def _mean(values: Sequence[float | None]) -> float | None:
 def make_report(*, clone_voice: str, base_voices: Sequence[str], sentences: Sequence[str], max_tokens: int,
                 speaker: ReportSpeaker, encoder, asr, held: Sequence[Clip], train: Sequence[Clip],
                 holdout_reason: str | None, models: dict, stand_in: bool,
-                thresholds: CheckThresholds | None = None) -> dict:
+                thresholds: CheckThresholds | None = None, audio_dir: Path | None = None) -> dict:
     """Speak, embed, transcribe and score (see the module docstring). A sample a worker refuses is
-    listed with its error and left out of the scores; nothing here invents a figure."""
+    listed with its error and left out of the scores; nothing here invents a figure. With
+    `audio_dir`, each sample's audio is written there as a wav (`samples[].audio` names it; the
+    voice publishes them, gpu_worker.adapters.layout.REPORT_AUDIO, for the creator to play)."""
     thresholds = thresholds or CheckThresholds()
     started = time.perf_counter()
     samples: list[_Heard] = []
@@ -181,7 +185,9 @@ def make_report(*, clone_voice: str, base_voices: Sequence[str], sentences: Sequ
             audio = pcm.astype(np.float32) / 32768.0 if pcm.dtype == np.int16 else pcm.astype(np.float32)
             heard = asr.transcribe(audio).text if audio.size else ""  # whisper reads float in [-1, 1]
             samples.append(_Heard(name, i, text, heard, round(wer(text, heard), 4),
-                                  round(audio.size / SAMPLE_RATE, 3), _embed(encoder, audio) if audio.size else None))
+                                  round(audio.size / SAMPLE_RATE, 3), _embed(encoder, audio) if audio.size else None,
+                                  pcm=_pcm16(pcm, audio) if audio.size else None))
+    files = _write_audio(samples, audio_dir) if audio_dir is not None else [None] * len(samples)
 
     if held:
         reference_kind, reference = "held_out", centroid(_clip_vectors(encoder, held, REFERENCE_MAX_S))
@@ -217,7 +223,8 @@ def make_report(*, clone_voice: str, base_voices: Sequence[str], sentences: Sequ
         "mos": None, "mos_note": MOS_NOTE,
         "sentences": list(sentences), "max_tokens": max_tokens,
         "samples": [{"voice": h.voice, "sentence": h.sentence, "heard": h.heard, "similarity": _cos(h.vector, reference),
-                     "wer": h.wer, "seconds": h.seconds, **({"error": h.error} if h.error else {})} for h in samples],
+                     "wer": h.wer, "seconds": h.seconds, "audio": file, **({"error": h.error} if h.error else {})}
+                    for h, file in zip(samples, files)],
         "models": models,
         "thresholds_version": thresholds.version,
         "thresholds": {"warn_similarity_normalized": thresholds.warn_similarity_normalized,
@@ -226,6 +233,32 @@ def make_report(*, clone_voice: str, base_voices: Sequence[str], sentences: Sequ
         "wall_s": round(time.perf_counter() - started, 2),
     }
     return report
+
+
+def _pcm16(pcm: np.ndarray, audio: np.ndarray) -> np.ndarray:
+    """A sample's int16 samples: the worker's own, else its float audio scaled."""
+    return pcm.astype("<i2") if pcm.dtype == np.int16 else (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2")
+
+
+def _write_audio(samples: Sequence[_Heard], folder: Path) -> list[str | None]:
+    """Each sample's audio as `NN.wav` in `folder`, as many as `report_audio_kept` lets the publish
+    keep; their names, None where none was written."""
+    from gpu_worker.adapters.layout import report_audio_kept
+    from gpu_worker.wav import write_wav
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names: list[str | None] = []
+    written = 0
+    for h in samples:
+        data = h.pcm.tobytes() if h.pcm is not None else b""
+        if not data or not report_audio_kept(written, len(data) + WAV_HEADER_BYTES):
+            names.append(None)
+            continue
+        name = f"{written:02d}.wav"
+        write_wav(folder / name, data, SAMPLE_RATE)
+        names.append(name)
+        written += 1
+    return names
 
 
 def report_findings(report: dict, thresholds: CheckThresholds | None = None) -> list[Finding]:

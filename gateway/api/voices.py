@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Annotated, BinaryIO, Final
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
@@ -51,7 +51,8 @@ from gateway.api.edge import read_body
 from gateway.api.errors import ApiError, from_tenant_error
 from gateway.api.state import Gateway
 from gateway.cloning import (TRANSCRIPT_SUFFIXES, SIDECAR_SUFFIX, BadUpload, CloneError, CloneUnavailable, CloneWatcher,
-                             Cloning, DecodesBusy, NotDeletable, Upload, UploadTimeout, UploadTooLarge, check_name)
+                             Cloning, DecodesBusy, NotDeletable, SampleNotFound, Upload, UploadTimeout, UploadTooLarge,
+                             check_name)
 from gateway.tenants import Tenant, TenantError
 
 __all__ = ["lifecycle", "router"]
@@ -145,6 +146,18 @@ async def get_voice(name: str, request: Request, tenant: Annotated[Tenant, Depen
     return view.to_json()
 
 
+@router.get("/v1/voices/{name}/samples/{file}", response_class=FileResponse,
+            responses={200: {"content": {"audio/wav": {}}, "description": "a clone report sample (24 kHz PCM16 wav)"}})
+async def get_sample(name: str, file: str, request: Request,
+                     tenant: Annotated[Tenant, Depends(caller)]) -> FileResponse:
+    """One clone report sample's audio (its `report.samples[].audio_url`), for the creator to hear."""
+    try:
+        path = await Cloning(gateway_of(request)).sample_audio(tenant, name, file)
+    except (CloneError, TenantError) as exc:
+        raise _api_error(exc) from None
+    return FileResponse(path, media_type="audio/wav", headers={"Cache-Control": "private, max-age=3600"})
+
+
 @router.delete("/v1/voices/{name}")
 async def delete_voice(name: str, request: Request, tenant: Annotated[Tenant, Depends(caller)]) -> dict:
     """Delete a clone: its training stops, its adapter and uploads are removed; it can no longer speak."""
@@ -169,6 +182,8 @@ def _api_error(exc: CloneError | TenantError) -> ApiError:
         findings = getattr(exc, "findings", None)  # upload_checks: every block, with file and time
         return ApiError(400, exc.message, param=exc.param, code=exc.code,
                         details={"findings": findings} if findings else None)
+    if isinstance(exc, SampleNotFound):
+        return ApiError(404, exc.message, type="not_found_error", param=exc.param, code=exc.code)
     if isinstance(exc, CloneUnavailable):
         return ApiError(503, exc.message, type="service_unavailable", code=exc.code)
     if isinstance(exc, UploadTimeout):

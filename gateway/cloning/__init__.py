@@ -34,6 +34,7 @@ Errors (`CloneError`, each with the `code` and `param` the API answers with):
     ├── UploadTimeout     the body stalled or took too long (HTTP 408)
     ├── DecodesBusy       no upload decode free: the gateway's (HTTP 503) or the tenant's (HTTP 429)
     ├── NotDeletable      a base voice (HTTP 400)
+    ├── SampleNotFound    no clone report sample of that name (HTTP 404)
     └── CloneUnavailable  the training queue (Redis) is unreachable (HTTP 503, retryable)
 
 Tenant-layer errors (VoiceNotFound, VoiceExists, QuotaExceeded, Unavailable...) pass through as
@@ -51,7 +52,7 @@ The package, one idea per module:
 | `decoding.py` | `DecodePool`: the bounded threads those checks decode on (per gateway, per tenant) |
 | `records.py` | the record of a clone in flight and the Redis index of them (`CloneIndex`) |
 | `views.py` | what the API shows of a voice (`VoiceView`, job state -> API state) |
-| `service.py` | `Cloning`: create, describe, list, delete (what the routes call) |
+| `service.py` | `Cloning`: create, describe, list, delete, a report sample's audio (what the routes call) |
 | `watcher.py` | `CloneWatcher` and its `Prewarmer`: job done -> prewarmed on the owners -> ready |
 """
 
@@ -59,8 +60,8 @@ from __future__ import annotations
 
 from gateway.cloning.checks import SIDECAR_SUFFIX, TRANSCRIPT_SUFFIXES, check_name, check_uploads
 from gateway.cloning.decoding import DecodePool
-from gateway.cloning.errors import (BadUpload, CloneError, CloneUnavailable, DecodesBusy, NotDeletable, UploadTimeout,
-                                    UploadTooLarge)
+from gateway.cloning.errors import (BadUpload, CloneError, CloneUnavailable, DecodesBusy, NotDeletable, SampleNotFound,
+                                    UploadTimeout, UploadTooLarge)
 from gateway.cloning.records import CloneRecord
 from gateway.cloning.service import Cloning
 from gateway.cloning.uploads import Upload, UploadArea
@@ -78,6 +79,7 @@ __all__ = [
     "DecodePool",
     "DecodesBusy",
     "NotDeletable",
+    "SampleNotFound",
     "SIDECAR_SUFFIX",
     "TRANSCRIPT_SUFFIXES",
     "Upload",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["BadUpload", "CloneError", "CloneUnavailable", "DecodesBusy", "NotDeletable", "UploadTimeout",
-           "UploadTooLarge"]
+__all__ = ["BadUpload", "CloneError", "CloneUnavailable", "DecodesBusy", "NotDeletable", "SampleNotFound",
+           "UploadTimeout", "UploadTooLarge"]
 
 
 class CloneError(Exception):
@@ -68,6 +68,12 @@ class NotDeletable(CloneError):
     """Base voices belong to the platform."""
 
     code = "base_voice"
+
+
+class SampleNotFound(CloneError):
+    """The voice's clone report has no sample audio of that name (not published yet, or none kept)."""
+
+    code = "sample_not_found"
 
 
 class CloneUnavailable(CloneError):

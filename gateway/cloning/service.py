@@ -10,15 +10,16 @@ import secrets
 import shutil
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.cloning.checks import (check_consent, check_consent_audio, check_name, check_spoken_consent,
                                     check_uploads)
 from gateway.cloning.consent import ConsentPhrase, ConsentStore
-from gateway.cloning.errors import BadUpload, CloneUnavailable, NotDeletable
+from gateway.cloning.errors import BadUpload, CloneUnavailable, NotDeletable, SampleNotFound
 from gateway.cloning.records import CloneIndex, CloneRecord
 from gateway.cloning.uploads import Upload, UploadArea, remove_adapter
-from gateway.cloning.views import VoiceView, base_view, clone_view, voice_published
+from gateway.cloning.views import VoiceView, base_view, clone_view, report_sample_files, voice_published
 from gateway.tenants import Tenant, TenantVoice, VoiceNotFound
 from hashring.errors import RingError
 from lora_training.errors import InfrastructureError
@@ -172,6 +173,20 @@ class Cloning:
                 record = await asyncio.to_thread(self.index.get, voice.job_id)
         checks, report = await asyncio.to_thread(voice_published, self.settings.voices_dir, voice, self.gateway.jobs)
         return dataclasses.replace(clone_view(voice, job, record), checks=checks, report=report)
+
+    async def sample_audio(self, tenant: Tenant, name: str, file: str) -> Path:
+        """The wav of one of the published clone report's samples (the names its `samples[].audio`
+        gives; nothing else under the voice's folder is served)."""
+        from gpu_worker.adapters.layout import REPORT_AUDIO, REPORT_AUDIO_FILE
+
+        voice = await self.gateway.tenants.voice(tenant, name)  # VoiceNotFound: another tenant's is not found either
+        _, report = await asyncio.to_thread(voice_published, self.settings.voices_dir, voice, self.gateway.jobs)
+        path = Path(self.settings.voices_dir) / voice.voice_id / REPORT_AUDIO / file
+        if (not REPORT_AUDIO_FILE.fullmatch(file) or file not in report_sample_files(report)
+                or not await asyncio.to_thread(path.is_file)):
+            raise SampleNotFound(f"voice {name!r} has no report sample {file!r}: the samples are listed in its "
+                                 "`report` (GET /v1/voices/{name}) once the clone is published", param="file")
+        return path
 
     async def delete(self, tenant: Tenant, name: str) -> None:
         """Delete the tenant's voice: its job cancelled (a running one stops at its next step), its

@@ -130,6 +130,31 @@ def clone_view(voice: TenantVoice, job: JobStatus | None, record: CloneRecord | 
     return view(state, progress, eta_s=eta, message=message)
 
 
+def sample_url(name: str, file: str) -> str:
+    """Where a clone report sample's audio is served (GET, the tenant's key)."""
+    return f"/v1/voices/{name}/samples/{file}"
+
+
+def _audio_of(sample: object) -> str | None:
+    """A report sample's audio file name (`samples[].audio`), None where it has none."""
+    return sample["audio"] if isinstance(sample, dict) and isinstance(sample.get("audio"), str) else None
+
+
+def report_sample_files(report: dict | None) -> set[str]:
+    """The audio files a published report names (`samples[].audio`)."""
+    samples = report.get("samples") if isinstance(report, dict) else None
+    return {file for s in samples or () if (file := _audio_of(s))}
+
+
+def _playable(report: dict, name: str) -> dict:
+    """The report as the API shows it: each sample with audio gets its `audio_url`."""
+    samples = report.get("samples")
+    if not isinstance(samples, list):
+        return report
+    shown = [{**s, "audio_url": sample_url(name, file)} if (file := _audio_of(s)) else s for s in samples]
+    return {**report, "samples": shown}
+
+
 def voice_published(store: Path, voice: TenantVoice, jobs: JobQueue) -> tuple[dict | None, dict | None]:
     """A clone's `checks` and `report`, the cheapest honest way (blocking: call it in a thread). Published (ready,
     warming): the adapter's voicering.json, which holds the gateway's and the job's findings (a few
@@ -148,7 +173,8 @@ def voice_published(store: Path, voice: TenantVoice, jobs: JobQueue) -> tuple[di
             return None, None
         ours = isinstance(meta, dict) and meta.get("job_id") == voice.job_id
         checks, report = (meta.get("checks"), meta.get("report")) if ours else (None, None)
-        return (checks if isinstance(checks, dict) else None), (report if isinstance(report, dict) else None)
+        shown = _playable(report, voice.name) if isinstance(report, dict) else None
+        return (checks if isinstance(checks, dict) else None), shown
     if not voice.job_id:
         return None, None
     try:

@@ -13,6 +13,7 @@ clone jobs sized for CPU through VOICERING_GATEWAY_CLONE_*); the trainer consume
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import uuid
 import httpx
 import openai
 import pytest
+import soundfile as sf
 
 from gpu_worker.client import WorkerClient
 from gpu_worker.protocol import UtteranceOptions
@@ -101,6 +103,30 @@ def _spoken_consent(api, name: str, voice: str, folder) -> tuple[str, tuple]:
     return body["consent_id"], ("consent_audio", ("consent.wav", audio, "audio/wav"))
 
 
+async def _report_plays_on_the_page(browser, gateway, key: str, report: dict) -> None:
+    """The web page shows the chosen clone's report and plays a sample (fetched with the key) in place."""
+    page = await browser.new_page()
+    try:
+        await page.goto(f"{gateway.url}/")
+        await page.evaluate(f"document.getElementById('api-key').value = {json.dumps(key)};"
+                            "document.getElementById('key-use').click()")
+        await page.wait_for("!!document.querySelector('#voice-options option[value=\"nova\"]')")
+        await page.evaluate("const v = document.getElementById('voice'); v.value = 'nova';"
+                            "v.dispatchEvent(new Event('change'))")
+        rows = await page.wait_for("(r => r.length && r.map(tr => tr.dataset.voice))"
+                                   "(Array.from(document.querySelectorAll('#voice-report tr[data-voice]')))")
+        assert rows == [s["voice"] for s in report["samples"]]
+        shown = await page.evaluate("document.getElementById('voice-report').textContent")
+        assert "Clone report for nova" in shown and report["note"] in shown and report["samples"][0]["heard"] in shown
+        await page.evaluate("document.querySelector('#voice-report button[data-audio-url]').click()")
+        seconds = await page.wait_for("(a => a && a.readyState >= 1 && a.duration)"
+                                      "(document.querySelector('#voice-report audio[data-sample]'))")
+        assert seconds == pytest.approx(report["samples"][0]["seconds"], abs=0.01)
+        assert page.console_errors == [], page.console_errors
+    finally:
+        await page.close()
+
+
 def _api(gateway, key: str) -> httpx.Client:
     return httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
 
@@ -122,7 +148,7 @@ def _wait(condition, timeout: float, what: str, trainer, gateway):
 ORDER = ["queued", "preprocessing", "training", "validating", "ready"]
 
 
-async def test_a_clone_trains_becomes_ready_and_speaks(clone_gateway, trainer, worker, adapter_store, upload,
+async def test_a_clone_trains_becomes_ready_and_speaks(clone_gateway, trainer, worker, adapter_store, upload, browser,
                                                        new_tenant, tmp_path):
     tenant, key = await new_tenant(consent="spoken", requests_per_minute=100_000,  # it polls
                                    retention_days=0)  # recordings not kept
@@ -161,7 +187,8 @@ async def test_a_clone_trains_becomes_ready_and_speaks(clone_gateway, trainer, w
     # the clone report: the clone and the base voices spoke the report's sentences through the worker; ~25 s
     # of speech spares no hold-out, so it is scored against the training clips, and the stand-in says so
     report = voice["report"]
-    assert report == meta["report"] and report["stand_in"] and report["note"] == STAND_IN_NOTE, report
+    published = {**report, "samples": [{k: v for k, v in s.items() if k != "audio_url"} for s in report["samples"]]}
+    assert published == meta["report"] and report["stand_in"] and report["note"] == STAND_IN_NOTE, report
     assert {"similarity", "wer", "mos", "mos_note", "samples", "models", "thresholds_version", "reference",
             "gate"} <= set(report)
     assert report["reference"]["kind"] == "training_clips" and "no hold-out" in report["reference"]["note"]
@@ -173,6 +200,19 @@ async def test_a_clone_trains_becomes_ready_and_speaks(clone_gateway, trainer, w
     assert report["gate"]["policy"] == "warn" and report["gate"]["applied"] == "warn"
     flagged = {f["code"] for f in voice["checks"]["findings"]}  # warn: what scored low is in the voice's checks
     assert set(report["gate"]["failed"]) <= flagged
+    # each sample can be heard: the wav the worker spoke, published with the voice, for this tenant only
+    for s in report["samples"]:
+        assert s["audio_url"] == f"/v1/voices/nova/samples/{s['audio']}", s
+        heard = api.get(s["audio_url"])
+        assert heard.status_code == 200 and heard.headers["content-type"] == "audio/wav", heard.text
+        pcm, rate = sf.read(io.BytesIO(heard.content), dtype="int16")
+        assert rate == 24000 and pcm.size / rate == pytest.approx(s["seconds"], abs=1e-3)
+    _, other_key = await new_tenant(consent="statement")
+    for asked, url in ((_api(clone_gateway, other_key), report["samples"][0]["audio_url"]),  # another tenant's
+                       (api, "/v1/voices/nova/samples/99.wav"), (api, "/v1/voices/nova/samples/voicering.json")):
+        refused = asked.get(url)
+        assert refused.status_code == 404, refused.text
+    await _report_plays_on_the_page(browser, clone_gateway, key, report)
     # prewarmed on its owner (the session worker, alone in the ring) before it was called ready
     assert f"'{voice_id}': 'ready'" in worker.log_path.read_text()
 

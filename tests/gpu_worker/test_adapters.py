@@ -140,6 +140,24 @@ def test_publish_is_atomic_and_never_overwrites_unless_asked(good, tmp_path, sta
     assert not any((store / STAGING_DIR).iterdir())
 
 
+def test_the_clone_reports_samples_travel_with_the_voice_and_nothing_else_under_them(good, tmp_path):
+    from gpu_worker.adapters.layout import REPORT_AUDIO, REPORT_AUDIO_MAX_BYTES, REPORT_AUDIO_MAX_FILES
+
+    samples = good / REPORT_AUDIO
+    samples.mkdir()
+    for i in range(REPORT_AUDIO_MAX_FILES + 2):
+        (samples / f"{i:02d}.wav").write_bytes(b"RIFF" + bytes([i]) * 60)
+    (samples / "notes.txt").write_text("not a sample")
+    (samples / "big.wav").write_bytes(b"\0" * 10)
+    (samples / "99.wav").write_bytes(b"\0" * (REPORT_AUDIO_MAX_BYTES + 1))  # past the cap: left behind
+    (samples / "65.wav").unlink()
+    (samples / "65.wav").symlink_to(good / WEIGHTS)  # a link is never followed
+    info = publish_adapter(good, tmp_path / "store", "acme/tara", max_rank=32)
+    kept = sorted(p.name for p in (info.path / REPORT_AUDIO).iterdir())
+    assert kept == [f"{i:02d}.wav" for i in range(REPORT_AUDIO_MAX_FILES)]
+    assert (info.path / REPORT_AUDIO / "07.wav").read_bytes() == b"RIFF" + bytes([7]) * 60
+
+
 def test_a_bad_adapter_is_never_published(good, tmp_path):
     edit_config(good, use_dora=True)
     with pytest.raises(AdapterError):

@@ -164,7 +164,7 @@ def test_a_clone_in_the_creators_voice_scores_near_self_and_other_voices_low(sco
     report = make_report(clone_voice="staged/clone", base_voices=("tara", "leo"),
                          sentences=DEFAULT_REPORT_SENTENCES[:2], max_tokens=100, speaker=speaker, encoder=encoder,
                          asr=asr, held=clips[:4], train=clips[4:], holdout_reason=None,
-                         models={"speaker": {}, "asr": {}}, stand_in=False)
+                         models={"speaker": {}, "asr": {}}, stand_in=False, audio_dir=tmp_path / "report")
     sim = report["similarity"]
     assert sim["self"] > sim["base_voices"] and sim["clone"] > sim["base_voices"]
     assert report["reference"] == {"kind": "held_out", "clips": 4, "seconds": pytest.approx(
@@ -172,6 +172,11 @@ def test_a_clone_in_the_creators_voice_scores_near_self_and_other_voices_low(sco
     assert sim["normalized"] is not None and sim["normalized"] > 0.5, sim
     assert [s["voice"] for s in report["samples"]] == [CLONE, CLONE, "tara", "tara", "leo", "leo"]
     assert all(s["seconds"] > 1.0 and s["wer"] is not None for s in report["samples"])
+    # each sample's audio is kept for the creator to hear: the speech the speaker gave, as a 24 kHz wav
+    assert [s["audio"] for s in report["samples"]] == [f"{i:02d}.wav" for i in range(6)]
+    for s in report["samples"]:
+        audio, rate = sf.read(tmp_path / "report" / s["audio"], dtype="int16")
+        assert rate == 24000 and audio.size / rate == pytest.approx(s["seconds"], abs=1e-3)
     # tiny.en hears espeak-ng at WER ~0.3 (0.26 here); int16 PCM read as floats out of [-1, 1] scores ~1.0
     assert report["wer"]["clone"] < 0.7 and report["wer"]["base_voices"] < 0.7, report["wer"]
     assert report["mos"] is None and report["mos_note"] and report["note"] is None
@@ -195,7 +200,8 @@ def test_without_a_hold_out_it_scores_against_training_clips_and_says_so(scorers
                          sentences=DEFAULT_REPORT_SENTENCES[:1], max_tokens=100,
                          speaker=Refusing({"staged/clone": "en-us", "tara": "en+f3"}, tmp_path), encoder=encoder,
                          asr=asr, held=[], train=clips, holdout_reason="no hold-out: too little speech",
-                         models={}, stand_in=True)
+                         models={}, stand_in=True, audio_dir=tmp_path / "report")
+    assert [s["audio"] for s in report["samples"]] == ["00.wav", "01.wav", None]  # refused: nothing to hear
     assert report["reference"]["kind"] == "training_clips" and "optimistic" in report["reference"]["note"]
     assert report["similarity"]["self"] is not None  # one half of the training clips against the other
     assert report["similarity"]["per_base_voice"]["leo"] is None  # refused: listed, not scored
