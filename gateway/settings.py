@@ -64,6 +64,9 @@ class GatewaySettings(BaseSettings):
     max_connections: int = Field(2048, ge=1, description="open connections and requests at once; past it uvicorn "
                                  "answers 503 (uvicorn's limit_concurrency)")
     backlog: int = Field(2048, ge=1, description="connections the kernel queues before the server accepts them")
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP traces endpoint (http://collector:4318/v1/traces): "
+                                      "every request's gateway hop is also exported there as a span; needs "
+                                      "opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http")
     metrics_host: str = Field("127.0.0.1", description="address of the internal metrics server (GET /metrics); "
                               "the public port does not serve metrics")
     metrics_port: int | None = Field(8001, ge=0, le=65535, description="port of the internal metrics server "

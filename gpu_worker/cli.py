@@ -54,9 +54,11 @@ def worker(
     from pydantic import ValidationError
 
     from gpu_worker.settings import WorkerSettings
+    from gpu_worker.trace_context import TRACE_FORMAT, OtlpHopHandler, OtlpUnavailable, install_log_filter
     from gpu_worker.worker import run_worker
 
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s %(message)s{TRACE_FORMAT}")
+    install_log_filter()  # every record made for a request carries its trace id
     given = dict(model=model, codec=codec, voices_dir=voices_dir, host=host, port=port, worker_id=worker_id,
                  quantization=quantization, max_loras=max_loras, max_streams=max_streams, constraint=constraint,
                  max_cpu_loras=max_cpu_loras, max_lora_rank=max_lora_rank, codec_policy=codec_policy,
@@ -66,6 +68,13 @@ def worker(
     except ValidationError as exc:
         typer.echo(f"error: invalid worker settings:\n{exc}", err=True)
         raise typer.Exit(2) from None
+    if settings.otlp_endpoint:
+        try:
+            logging.getLogger().addHandler(OtlpHopHandler(settings.otlp_endpoint, "voicering-worker",
+                                                          instance=settings.worker_id))
+        except OtlpUnavailable as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
     from gpu_worker.errors import EngineError
 
     try:

@@ -134,16 +134,18 @@ class WorkerClient:
         return self._reader.done()
 
     async def start(self, voice: str, text: str = "", *, options: UtteranceOptions | None = None,
-                    context_id: str | None = None) -> UtteranceStream:
+                    context_id: str | None = None, traceparent: str | None = None) -> UtteranceStream:
+        """``traceparent``: the caller's W3C trace context (the worker starts a trace without one)."""
         context_id = context_id or uuid.uuid4().hex[:16]
         stream = UtteranceStream(context_id, self)
         self._streams[context_id] = stream
-        await self._send(Start(context_id, voice, text, options or UtteranceOptions()))
+        await self._send(Start(context_id, voice, text, options or UtteranceOptions(), traceparent=traceparent))
         return stream
 
-    async def say(self, voice: str, text: str, *, options: UtteranceOptions | None = None) -> Speech:
+    async def say(self, voice: str, text: str, *, options: UtteranceOptions | None = None,
+                  traceparent: str | None = None) -> Speech:
         """Speak one text and collect all of its audio."""
-        return await collect(await self.start(voice, text, options=options))
+        return await collect(await self.start(voice, text, options=options, traceparent=traceparent))
 
     async def _send(self, message: object) -> None:
         try:

@@ -82,13 +82,15 @@ class WorkerPool:
         return self._links.peers
 
     async def start(self, voice: str, text: str = "", *, options: UtteranceOptions | None = None,
-                    proxied_by: str | None = None, exclude: Collection[str] = ()) -> PoolStream:
+                    proxied_by: str | None = None, exclude: Collection[str] = (),
+                    traceparent: str | None = None) -> PoolStream:
         """Open an utterance on the worker routing picks (dialing it if needed).
 
         ``proxied_by``: the hop marker a forwarding worker sets (its own id); ``exclude``: workers
-        never to use for it (a forwarding worker excludes itself)."""
+        never to use for it (a forwarding worker excludes itself); ``traceparent``: the caller's
+        span (W3C), sent on every try."""
         start = Start(uuid.uuid4().hex[:16], voice, text, options or UtteranceOptions(), proxied_by=proxied_by,
-                      placed=self.router.places)
+                      placed=self.router.places, traceparent=traceparent)
         self._links.frame(start)  # refused here, before routing, if no worker would take it
         stream = PoolStream(self._links, voice, start, exclude)
         await stream._open(None)

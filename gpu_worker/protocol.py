@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final, Literal
 
 from gpu_worker.errors import BadMessage, BadRequest
+from gpu_worker.trace_context import TRACEPARENT_CHARS
+from gpu_worker.trace_context import parse as parse_traceparent
 from hashring.records import MAX_VOICE_ID_BYTES  # the ring's bound; the store's grammar is checked when the voice resolves
 
 # Version negotiation (either side may be upgraded first): a client that speaks this version sends
@@ -55,6 +57,7 @@ class Start:
     proxied_by: str | None = None  # hop marker: the entry worker that forwarded it (an owner never forwards again)
     placed: bool = False  # a ring-aware pool chose this worker: it serves the start itself, never relays it
     insist: bool = False  # (v2) the router's last try after refusals: the worker skips its fleet-share rule
+    traceparent: str | None = None  # W3C trace context of the caller's span; the worker's span is its child
     type: Literal["start"] = "start"
 
 
@@ -105,6 +108,8 @@ class UtteranceStats:
     finish_reason: Literal["end_of_speech", "length", ""] = ""  # "length": some request hit its token cap (audio cut)
     served_by: str = ""  # the worker whose engine spoke it
     proxied: bool = False  # it reached that worker through another worker (wrong-worker proxy)
+    trace_id: str = ""  # the request's W3C trace id (`voicering trace`), the same on every hop
+    span_id: str = ""  # the span of the worker whose engine spoke it
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,18 +187,24 @@ class AudioChunk:
 _CLIENT_TYPES: dict[str, type] = {"start": Start, "text": PushText, "flush": Flush, "end": End, "cancel": Cancel}
 _SERVER_TYPES: dict[str, type] = {"opened": Opened, "done": Done, "error": Error, "rejected": Rejected}
 # Version-2 fields, left out of a message while they hold these values: a version-1 peer gets (and a
-# version-1 worker accepts) exactly the version-1 bytes.
-_V2_ABSENT: Final[Mapping[str, object]] = {"insist": False, "load": None}
+# version-1 worker accepts) exactly the version-1 bytes. An untraced start leaves out `traceparent` too.
+_V2_ABSENT: Final[Mapping[str, object]] = {"insist": False, "load": None, "traceparent": None}
+# Likewise the trace ids of `done.stats` when there are none (a cancelled context's empty stats).
+_STATS_ABSENT: Final[Mapping[str, object]] = {"trace_id": "", "span_id": ""}
 
 
 def encode(message: ClientMessage | ServerMessage) -> str:
     """Compact JSON, non-ASCII characters as themselves: the UTF-8 bytes on the link are what a
     sender counted (ASCII escapes would turn 2 bytes of 'é' into 6 and 4 bytes of an emoji into 12).
-    Version-2 fields at their absent value are left out (`_V2_ABSENT`)."""
+    Version-2 fields at their absent value are left out (`_V2_ABSENT`, `_STATS_ABSENT`)."""
     payload = asdict(message)
     for name, absent in _V2_ABSENT.items():
         if name in payload and payload[name] is absent:
             del payload[name]
+    stats = payload.get("stats")
+    for name, absent in _STATS_ABSENT.items() if isinstance(stats, dict) else ():
+        if stats.get(name) == absent:
+            del stats[name]
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -305,6 +316,11 @@ def _parse_payload(payload: dict[str, Any], kind: str | None, context_id: str | 
             raise BadRequest("'placed' must be true or false")
         if not isinstance(payload.get("insist", False), bool):
             raise BadRequest("'insist' must be true or false")
+        trace = payload.get("traceparent")
+        if trace is not None and parse_traceparent(trace, strict=True) is None:  # never logged or passed on
+            raise BadRequest(f"'traceparent' must be a W3C traceparent of {TRACEPARENT_CHARS} characters, "
+                             "00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, lowercase, ids not all zero "
+                             "(or leave it out: the worker starts a trace)")
         hop = payload.get("proxied_by")
         if hop is not None and _context_id(hop) is None:  # a worker id: same shape as a context id
             raise BadRequest(f"'proxied_by' must be a worker id of at most {MAX_CONTEXT_ID_BYTES} bytes")

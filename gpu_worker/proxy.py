@@ -30,6 +30,11 @@ over the worker pool (one persistent multiplexed link per peer) and relays every
   checked below its pool's) fires first: the owner's context is cancelled and the caller gets a
   retryable ``worker_timeout`` answer, which its pool takes as an answer (it tries another
   worker) and not as a failure of this one.
+- **Tracing**: the relay is a span of the request's trace (the caller's ``traceparent``'s child);
+  the owner is sent this span as its ``traceparent``, so its span is the relay's child. At its
+  end the relay logs one hop line, ``hop=entry``, naming the owner it relayed to (``to``) and
+  its own timings; a fallback to this worker's engine is a child span of the relay's
+  (``hop=owner`` on this worker, ``outcome=served_here`` on the entry line).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from gpu_worker.errors import WorkerError
 from gpu_worker.protocol import AudioChunk, Done, Error, Start
 from gpu_worker.session import _END, Backlog, Send, SessionDeps, Utterance
 from gpu_worker.settings import RELAY_TIMEOUT_S
+from gpu_worker.trace_context import current, log_hop
 from hashring.errors import EmptyRing, InvalidVoiceId
 from hashring.placement import place
 
@@ -123,18 +129,30 @@ class ProxiedUtterance(Utterance):
         self._relayed_audio = False
         self._asked = asyncio.Event()  # the owner was handed text to speak
         self._audio_came = asyncio.Event()  # its first audio was relayed
+        self._relay_trace = self.trace  # the relay's span (a fallback here speaks in a child of it)
+        self._owner = ""  # the worker it relayed to, last
+        self._outcome = "cancelled"
 
     async def run(self) -> None:
+        token = current.set(self._relay_trace)
+        try:
+            await self._run()
+        finally:
+            log_hop(log, self.hop("entry", self._outcome, trace=self._relay_trace, to=self._owner))
+            current.reset(token)
+
+    async def _run(self) -> None:
         try:
             stream = await self._forwarder.pool.start(
                 self.voice_id, options=self._start.options, proxied_by=self._forwarder.worker_id,
-                exclude={self._forwarder.worker_id})
+                exclude={self._forwarder.worker_id}, traceparent=self._relay_trace.traceparent)
         except WorkerRequestError as exc:
             if not exc.retryable:
                 await self._end_with(exc.error)
                 return
             await self._serve_here(f"no owner could take it ({exc.error.code})")
             return
+        self._owner = stream.worker_id or ""
         feeder = asyncio.create_task(self._feed(stream), name=f"proxy-feed-{self.context_id}")
         watch = asyncio.create_task(self._watch_first_audio(stream), name=f"proxy-first-audio-{self.context_id}")
         relay = asyncio.create_task(self._relay(stream), name=f"proxy-relay-{self.context_id}")
@@ -190,7 +208,9 @@ class ProxiedUtterance(Utterance):
     async def _relay(self, stream: PoolStream) -> None:
         metrics = self.deps.metrics
         async for pcm in stream.audio():
+            self._owner = stream.worker_id or ""
             if not self._relayed_audio:
+                self._first_audio_at = time.perf_counter()
                 self._relayed_audio = True
                 self._audio_came.set()
                 self._handed.clear()  # audio reached the caller: no serving it here any more
@@ -200,7 +220,9 @@ class ProxiedUtterance(Utterance):
             if metrics is not None and stream.last_chunk_received_at is not None:  # off the owner's link -> our outbox
                 metrics.relay_seconds.observe(time.perf_counter() - stream.last_chunk_received_at)
         done = stream.done
+        self._owner = stream.worker_id or ""
         if done is not None and self.claim_end():
+            self._outcome = done.reason
             await self._send(Done(self.context_id, done.stats, done.reason))
             self._record_proxied(done.reason)
 
@@ -208,6 +230,8 @@ class ProxiedUtterance(Utterance):
         """No owner took it before any audio: speak it on this worker (segments handed out come back)."""
         log.warning("context %s (voice %s): %s; serving it here", self.context_id, self.voice_id, why,
                     extra={"context_id": self.context_id, "voice": self.voice_id})
+        self._outcome = "served_here"
+        self.trace = self._relay_trace.child()  # this engine's span, under the relay's
         if self._claim_slot is not None:
             try:
                 self._claim_slot()  # it is this engine's stream now: counted in max_streams and the load (M2)
@@ -226,6 +250,7 @@ class ProxiedUtterance(Utterance):
         await super().run()
 
     async def _end_with(self, error: Error) -> None:
+        self._outcome = error.code
         if self.claim_end():
             await self._send(Error(error.code, error.message, error.retryable, self.context_id))
             self._record_proxied(error.code)

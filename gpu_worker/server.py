@@ -422,7 +422,9 @@ class WorkerServer:
         if ctx.task is not None:
             ctx.task.cancel()
         if exc is None:
-            answer: object = Done(ctx.context_id, UtteranceStats(), reason="cancelled")
+            trace = ctx.utterance.trace
+            answer: object = Done(ctx.context_id, UtteranceStats(trace_id=trace.trace_id, span_id=trace.span_id),
+                                  reason="cancelled")
         else:
             answer = Error(exc.code, exc.message, exc.retryable if retryable is None else retryable, ctx.context_id)
         closer = ctx.closer = asyncio.create_task(self._close_context(conn, ctx, answer), name=f"close-{ctx.context_id}")

@@ -8,6 +8,10 @@ characters buffered before a flush (``max_text_chars``), segments and characters
 spoken per context, characters waiting per connection (`Backlog`, shared by its contexts), and
 how long a context may sit with nothing to speak and no new text (``idle_timeout_s``). A long
 segment is spoken as several engine requests (`SpeechEngine.plan`), joined without a gap.
+
+Each context is a span of its request's trace (`trace_context`): a child of the start's
+``traceparent``, or a new trace's first span. Its log lines carry the trace id, its `done` the
+trace and span ids, and its end is logged as one hop line (``hop=owner``: this engine spoke it).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from gpu_worker.orpheus import SAMPLE_RATE
 from gpu_worker.protocol import MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AudioChunk, Done, Error, Start, UtteranceStats
 from gpu_worker.scheduler import BatchedDecodeRunner, DecodeRunner
 from gpu_worker.speech import SegmentStats, speak_request
+from gpu_worker.trace_context import Hop, HopKind, TraceContext, current, log_hop
+from gpu_worker.trace_context import parse as parse_traceparent
 
 if TYPE_CHECKING:
     from gpu_worker.adapters import AdapterCache
@@ -88,7 +94,13 @@ class Utterance:
         self.voice_id = start.voice
         self.proxied = start.proxied_by is not None
         self.voice = voice
-        self._log = ContextLog(log, {"context_id": start.context_id, "voice": start.voice})
+        caller = parse_traceparent(start.traceparent) if start.traceparent else None
+        self.trace = caller.child() if caller is not None else TraceContext.new()
+        self._received_at = time.perf_counter()  # for this hop's timings (`hop`)
+        self._received_unix = time.time()
+        self._first_audio_at: float | None = None  # when this hop sent its first audio on
+        self._log = ContextLog(log, {"context_id": start.context_id, "voice": start.voice,
+                                     "trace_id": self.trace.trace_id})
         self.deps = deps
         self.limits = deps.limits
         self._send = send
@@ -207,7 +219,14 @@ class Utterance:
             except TimeoutError:
                 continue  # re-check: text may have arrived (it moves the deadline)
 
+    def hop(self, kind: HopKind, outcome: str, *, trace: TraceContext | None = None, to: str = "") -> Hop:
+        """This context's hop so far, as `log_hop` logs it at the end."""
+        return Hop.ended(kind, trace or self.trace, worker=self.deps.worker_id, to=to, voice=self.voice_id,
+                         context=self.context_id, received=self._received_at, received_unix=self._received_unix,
+                         first_audio=self._first_audio_at, outcome=outcome)
+
     async def run(self) -> None:
+        token = current.set(self.trace)  # this task's log records carry the trace id
         stats = SegmentStats()
         began = time.perf_counter()
         dropped_ms = 0.0
@@ -251,7 +270,8 @@ class Utterance:
                 invalid_tokens=stats.invalid_tokens, segments=segments, wall_s=round(wall, 4),
                 rtf=round(wall / audio_s, 4) if audio_s else None, head_silence_dropped_ms=round(dropped_ms, 1),
                 engine_requests=stats.requests, finish_reason="length" if stats.cut_by_length else "end_of_speech",
-                served_by=self.deps.worker_id, proxied=self.proxied,
+                served_by=self.deps.worker_id, proxied=self.proxied, trace_id=self.trace.trace_id,
+                span_id=self.trace.span_id,
             )
             outcome = "completed"
             if stats.cut_by_length:
@@ -283,6 +303,8 @@ class Utterance:
             if acquired and self.deps.adapters is not None and self.voice is not None:
                 self.deps.adapters.release(self.voice)
             self._record(outcome, stats, time.perf_counter() - began)
+            log_hop(log, self.hop("owner", outcome))
+            current.reset(token)
 
     async def _send_final(self, message: object) -> None:
         if not self.claim_end():
@@ -307,5 +329,7 @@ class Utterance:
     async def _emit(self, audio) -> None:
         if self._ttfb_ms is None and self._first_queued_at is not None:
             self._ttfb_ms = round((time.perf_counter() - self._first_queued_at) * 1000.0, 2)
+        if self._first_audio_at is None:
+            self._first_audio_at = time.perf_counter()
         await self._send(AudioChunk(self.context_id, self._seq, to_pcm16(audio)))
         self._seq += 1

@@ -111,6 +111,9 @@ class WorkerSettings(BaseSettings):
         None, ge=4096, description="SO_SNDBUF per connection (default: kernel autotuning, up to tcp_wmem max); "
                                    "smaller detects a stalled client sooner")
     log_format: Literal["json", "text"] = "json"
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP traces endpoint (http://collector:4318/v1/traces): "
+                                      "every request's hop is also exported there as a span; needs opentelemetry-sdk "
+                                      "and opentelemetry-exporter-otlp-proto-http (not installed by voicering)")
 
     def connection_stream_limit(self) -> int:
         return self.max_streams_per_connection or max(1, self.max_streams // 2)

@@ -129,6 +129,8 @@ def train_worker(
     lease_ms: int | None = typer.Option(None, "--lease-ms"),
     claim_idle_ms: int | None = typer.Option(None, "--claim-idle-ms"),
     max_jobs: int | None = typer.Option(None, "--max-jobs", help="Exit after this many jobs reached an outcome."),
+    health_port: int | None = typer.Option(None, "--health-port", help="Serve GET /health and /metrics on this "
+                                           "port (0: any free port; default VOICERING_TRAIN_HEALTH_PORT, else none)."),
     log_level: str = typer.Option("INFO"),
 ) -> None:
     """Consume the training queue: run jobs one at a time, re-claiming those of crashed trainers."""
@@ -138,11 +140,12 @@ def train_worker(
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = _settings(redis_url=redis_url, base_model=model, codec=codec, adapter_store=store, work_dir=work_dir,
                          validate_worker_url=worker_url, consumer=consumer, lease_ms=lease_ms,
-                         claim_idle_ms=claim_idle_ms)
+                         claim_idle_ms=claim_idle_ms, health_port=health_port)
     import signal
 
     queue = JobQueue.connect(settings.redis_url, settings.queue_prefix)
-    trainer = TrainWorker(settings, queue)
+    health, server = _health_server(settings)
+    trainer = TrainWorker(settings, queue, health=health)
     # SIGTERM (voicering up, Kubernetes, systemd): the running job goes back to the queue at its next step
     signal.signal(signal.SIGTERM, lambda *_: trainer.shutdown())
     try:
@@ -150,7 +153,36 @@ def train_worker(
     except KeyboardInterrupt:
         pass
     finally:
+        if server is not None:
+            server.close()
         queue.close()
+
+
+def _health_server(settings):
+    """The trainer's health record, and its /health and /metrics server when a port is set (None, None
+    otherwise). A port that cannot be bound ends the command: a trainer its probes cannot reach
+    would be restarted in a loop."""
+    if settings.health_port is None:
+        return None, None
+    from lora_training.health import TrainerHealth
+    from lora_training.health_server import HealthServer
+    from lora_training.jobs import JobQueue
+    from lora_training.metrics import TrainerMetrics
+
+    health = TrainerHealth(stall_s=settings.health_stall_s, redis_grace_s=settings.health_redis_grace_s)
+    metrics = TrainerMetrics()
+    health.listen(metrics)
+    try:  # its own connection: the probe reads Redis while the job loop may be blocked on it
+        server = HealthServer(health, metrics, JobQueue.connect(settings.redis_url, settings.queue_prefix),
+                              host=settings.health_host, port=settings.health_port,
+                              refresh_s=settings.health_refresh_s)
+    except OSError as err:
+        typer.echo(f"error: the trainer's health server cannot listen on {settings.health_host}:"
+                   f"{settings.health_port} ({err}): free the port or set VOICERING_TRAIN_HEALTH_PORT", err=True)
+        raise typer.Exit(2) from None
+    logging.getLogger(__name__).info("trainer health and metrics on http://%s:%d/health and /metrics",
+                                     settings.health_host, server.port)
+    return health, server.start()
 
 
 def jobs(

@@ -40,6 +40,7 @@ import uuid
 
 from lora_training.cleanup import clean_job, clip_cache_keys
 from lora_training.errors import InfrastructureError, JobStopped, LeaseLost, TrainerStopping, TrainingError
+from lora_training.health import TrainerHealth
 from lora_training.jobs import Delivery, JobQueue, Lease
 from lora_training.pipeline import TERMINAL, JobSpec, JobState, phase_percent, published_by, run_job
 from lora_training.publish import Sampler
@@ -63,8 +64,8 @@ class RedisReporter:
     trainer records the outcome together with the ack (`TrainWorker._finish`).
     """
 
-    def __init__(self, lease: Lease, stop: Stop) -> None:
-        self.lease, self.stop = lease, stop
+    def __init__(self, lease: Lease, stop: Stop, health: TrainerHealth | None = None) -> None:
+        self.lease, self.stop, self.health = lease, stop, health
         self._last = 0.0
 
     def state(self, state: JobState, message: str = "") -> None:
@@ -76,6 +77,9 @@ class RedisReporter:
         self._write(fields)
 
     def progress(self, percent: float, message: str = "", **fields: object) -> None:
+        if self.health is not None:  # every report, before the throttle: the stall clock and the step count
+            step = fields.get("step")
+            self.health.progressed(step if isinstance(step, int) else None)
         now = time.monotonic()
         if now - self._last < PROGRESS_EVERY_S and percent < 100.0:
             return
@@ -151,8 +155,9 @@ class TrainWorker:
     """Consumes the training queue. One job at a time per process."""
 
     def __init__(self, settings: TrainSettings, queue: JobQueue, *, sampler: Sampler | None = None,
-                 console: bool = True) -> None:
+                 console: bool = True, health: TrainerHealth | None = None) -> None:
         self.settings = settings
+        self.health = health  # told each job's start, progress and outcome (`/health`, the metrics)
         self.queue = queue
         self.sampler = sampler
         self.console = console
@@ -244,9 +249,16 @@ class TrainWorker:
         except InfrastructureError as err:
             log.warning("job %s: outcome %s not recorded (%s); its entry stays pending and the job is "
                         "finished when it is re-claimed", delivery.job_id, outcome.get("state"), err.message)
+            self._ended("unrecorded")
             return False
+        self._ended(str(outcome["state"]))
         self._clean(spec, keys)
         return True
+
+    def _ended(self, outcome: str) -> None:
+        """Tell the health record how the running job left; outside a run (a job found done) nothing ran."""
+        if self.health is not None and self._running is not None:
+            self.health.job_ended(outcome)
 
     def _clean(self, spec: JobSpec, keys: frozenset[str] | None = None) -> None:
         """Remove a final job's checkpoints, caches and staged copies; a failure here is logged, never
@@ -269,11 +281,14 @@ class TrainWorker:
     def _run(self, delivery: Delivery, spec: JobSpec, lease: Lease, attempts: int) -> bool:
         stop = Stop()
         self._running = stop
+        if self.health is not None:
+            self.health.job_started(delivery.job_id)
         if self._stop_event.is_set():  # shutdown came between the claim and here
             self.shutdown()
         try:
             return self._outcome(delivery, spec, lease, attempts, stop)
         finally:
+            self._ended("interrupted")  # no outcome was told (a refused outcome write, an error outside the job)
             self._running = None
 
     def _cancel_requested(self, job_id: str) -> bool:
@@ -288,13 +303,15 @@ class TrainWorker:
         keys = clip_cache_keys(spec, self.settings)  # now, while its uploads exist (a deleted voice takes them)
         try:
             with Heartbeat(queue, lease, delivery, self.consumer, stop):
-                run_job(spec, self.settings, RedisReporter(lease, stop), stop=stop, sampler=self.sampler,
+                run_job(spec, self.settings, RedisReporter(lease, stop, self.health), stop=stop, sampler=self.sampler,
                         console=self.console, fence=lease.fence_publish,
                         on_resume=lambda step: lease.update(resumed_from_step=step))
         except LeaseLost as err:
             log.warning("%s", err.message)
+            self._ended("lease_lost")
             return False
         except TrainerStopping as err:  # back to the queue; the entry stays pending for the next trainer
+            self._ended("handed_back")
             lease.update(state="queued", attempts=attempts - 1, error=None, message=err.message)
             log.info("job %s handed back to the queue: %s", job_id, err.message)
             return False
@@ -306,6 +323,7 @@ class TrainWorker:
                 return self._finish(delivery, lease, spec, keys=keys, state="cancelled",
                                     message="cancelled while it ran", error=err.message, error_code=err.code)
             if err.retryable and attempts < self.settings.max_attempts:
+                self._ended("retry")
                 lease.update(state="queued", error=err.message, error_code=err.code,
                              message=f"attempt {attempts} failed ({err.message}); will retry")
                 return False
@@ -315,6 +333,7 @@ class TrainWorker:
             log.exception("job %s failed unexpectedly", job_id)
             message = f"internal error: {type(err).__name__}: {err}"
             if attempts < self.settings.max_attempts:
+                self._ended("retry")
                 lease.update(state="queued", error=message, error_code="internal",
                              message=f"attempt {attempts} failed; will retry")
                 return False

@@ -143,6 +143,15 @@ class TrainSettings(BaseSettings):
     block_ms: int = 2_000
     max_attempts: int = 3
     retry_max_s: float = 30.0  # longest wait between retries while Redis is unreachable (backoff doubles to it)
+    # the internal port of `train-worker` (lora_training.health_server): GET /health and /metrics
+    health_host: str = Field("127.0.0.1", description="address of the trainer's /health and /metrics server")
+    health_port: int | None = Field(None, ge=0, le=65535, description="port of the trainer's /health and /metrics "
+                                    "(0: any free port; None: not served). Deploy configs set 8002")
+    health_refresh_s: float = Field(5.0, gt=0, description="how often the health server reads the queue (its "
+                                    "Redis probe and the queue gauges)")
+    health_stall_s: float = Field(900.0, gt=0, description="a running job without a progress report for this long "
+                                  "fails /health (a stuck trainer is restarted; its job resumes elsewhere)")
+    health_redis_grace_s: float = Field(60.0, gt=0, description="the queue's Redis failing this long fails /health")
     # defaults for new jobs
     data: DataParams = DataParams()
     params: TrainParams = TrainParams()

@@ -16,4 +16,5 @@ pytest_plugins = [
     "tests.fixtures.models",
     "tests.fixtures.gateway",
     "tests.fixtures.browser",
+    "tests.fixtures.trainer",
 ]

@@ -52,8 +52,9 @@ PROFILES = ("cpu", "gpu")
 # values for the compose file's required ${...:?} secrets while validating it
 COMPOSE_SECRETS = {"CLUSTER_TOKEN": "t" * 64, "LIVEKIT_API_KEY": "APIvoicering", "LIVEKIT_API_SECRET": "s" * 40}
 HEALTH_ROLE = {"worker": "worker", "gateway": "gateway", "agent": "agent", "train-worker": "trainer"}
-# containers whose process has no health endpoint (so no liveness probe; see deploy/README.md)
-NO_HEALTH_ENDPOINT = {"train-worker"}
+# containers that take no requests (no Service, no readiness): /health on their internal port is
+# their liveness probe (see deploy/README.md)
+NO_TRAFFIC = {"train-worker"}
 VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 VOICERING_NAME = re.compile(r"\bVOICERING_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_*])")
 
@@ -498,13 +499,20 @@ def test_service_ports_probes_and_settings_agree_for_every_workload():
         settings = build_settings(sub, container_env(workload, container))
         if sub == "gateway":  # the API, and the internal metrics server (never in a Service)
             assert ports == {"http": settings.port, "metrics": settings.metrics_port}
-        if sub == "agent":
-            assert ports == {"health": settings.http_port}
+        if sub == "agent":  # livekit-agents' health server, and its Prometheus server
+            assert ports == {"health": settings.http_port, "metrics": settings.metrics_port}
+            annotations = workload["spec"]["template"]["metadata"]["annotations"]
+            assert int(annotations["prometheus.io/port"]) == settings.metrics_port
+        if sub in NO_TRAFFIC:  # /health and /metrics on the pod network; liveness only (it takes no requests)
+            assert ports == {"health": settings.health_port} and settings.health_host == "0.0.0.0"
+            annotations = workload["spec"]["template"]["metadata"]["annotations"]
+            assert int(annotations["prometheus.io/port"]) == settings.health_port
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             if probe in container and "httpGet" in container[probe]:
                 assert container[probe]["httpGet"]["port"] in ports, f"{container['name']} {probe}"
-        if sub in NO_HEALTH_ENDPOINT:
-            assert "livenessProbe" not in container
+        if sub in NO_TRAFFIC:
+            assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "health"}
+            assert "readinessProbe" not in container
         elif sub:
             assert {"readinessProbe", "livenessProbe"} <= set(container), container["name"]
     for service in k8s("Service"):
@@ -783,6 +791,13 @@ def test_healthcheck_reads_the_address_from_the_process_settings():
         assert healthcheck.health_url("gateway") == "http://10.1.2.3:8001/health"
     with mock.patch.dict(os.environ, {"VOICERING_AGENT_VOICE": "tara"}, clear=True):
         assert healthcheck.health_url("agent") == f"http://127.0.0.1:{healthcheck.LIVEKIT_DEFAULT_HTTP_PORT}/"
+    with mock.patch.dict(os.environ, {"VOICERING_TRAIN_HEALTH_HOST": "0.0.0.0", "VOICERING_TRAIN_HEALTH_PORT": "8002"},
+                         clear=True):
+        assert healthcheck.health_url("trainer") == "http://127.0.0.1:8002/health"
+    with mock.patch.dict(os.environ, {}, clear=True):  # no port: the Redis PING fallback, not a URL
+        assert healthcheck.trainer_health_port() is None
+        with pytest.raises(ValueError):
+            healthcheck.health_url("trainer")
     assert healthcheck.main(["nonsense"]) == 2
 
 

@@ -9,7 +9,9 @@ import pytest
 
 LIGHT_MODULES = ["voicering.cli", "gpu_worker.protocol", "gpu_worker.client", "gpu_worker.pool", "gpu_worker.routers",
                  "gpu_worker.adapters", "gpu_worker.orpheus", "hashring", "silence_trim", "gateway.stack.up",
-                 "gateway.stack.demo", "gateway.stack.cli", "lora_training.espeak"]
+                 "gateway.stack.demo", "gateway.stack.cli", "lora_training.espeak", "voicering.status",
+                 "voicering.status.report", "voicering.status.probes", "voicering.status.terminal",
+                 "voicering.status.cli", "gpu_worker.trace_context", "voicering.trace"]
 
 
 @pytest.mark.parametrize("module", LIGHT_MODULES)
@@ -23,7 +25,8 @@ def test_light_modules_never_import_torch_or_vllm(module):
 def test_cli_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "voicering", "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    for command in ("tiny-model", "worker", "say", "demo", "up", "gateway", "agent", "tenant", "ring", "trim", "bench", "train", "train-worker", "jobs"):
+    for command in ("tiny-model", "worker", "say", "demo", "up", "gateway", "agent", "tenant", "ring", "trim", "bench",
+                    "train", "train-worker", "jobs", "status", "trace"):
         assert command in out.stdout, command
 
 

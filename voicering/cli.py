@@ -36,6 +36,8 @@ def _wire() -> None:
     from hashring.cli import app as ring_app
     from lora_training.cli import register as register_training
     from silence_trim.cli import app as trim_app
+    from voicering.status import command as status_command
+    from voicering.trace import command as trace_command
 
     register_worker(app)
     register_training(app)
@@ -46,6 +48,8 @@ def _wire() -> None:
     app.add_typer(bench_app, name="bench", help="Benchmarks (print JSON figures).")
     app.add_typer(tenant_app, name="tenant", help="Tenants, their API keys and limits (in Redis).")
     app.command("gateway")(gateway_command)
+    app.command("status")(status_command)
+    app.command("trace")(trace_command)
 
 
 _wire()

@@ -8,8 +8,10 @@ so the check can never probe a port the server does not listen on.
 - gateway: GET /health of the HTTP API.
 - agent:   GET / on the agent server's health port (livekit-agents answers 503 when it cannot reach
            LiveKit, 200 otherwise).
-- trainer: the trainer has no health endpoint; this checks that the training queue's Redis answers
-           PING. It says the trainer can work, not that its consumer loop is alive.
+- trainer: GET /health on its internal port when VOICERING_TRAIN_HEALTH_PORT is set (503 once the
+           queue's Redis has been unreachable past its grace, or the running job stalled); without
+           that port, only that the training queue's Redis answers PING (the trainer can work, not
+           that its consumer loop is alive).
 """
 
 from __future__ import annotations
@@ -47,7 +49,20 @@ def health_url(role: Role) -> str:
 
         a = AgentSettings()
         return f"http://127.0.0.1:{a.http_port or LIVEKIT_DEFAULT_HTTP_PORT}/"
+    if role == "trainer":
+        from lora_training.settings import TrainSettings
+
+        t = TrainSettings()
+        if t.health_port is None:
+            raise ValueError("the trainer serves no /health without VOICERING_TRAIN_HEALTH_PORT")
+        return f"http://{_loopback(t.health_host)}:{t.health_port}/health"
     raise ValueError(f"{role} has no health URL")
+
+
+def trainer_health_port() -> int | None:
+    from lora_training.settings import TrainSettings
+
+    return TrainSettings().health_port
 
 
 def check_trainer() -> None:
@@ -68,7 +83,7 @@ def main(argv: list[str]) -> int:
         return 2
     role: Role = argv[0]  # type: ignore[assignment]
     try:
-        if role == "trainer":
+        if role == "trainer" and trainer_health_port() is None:
             check_trainer()
         else:
             with urllib.request.urlopen(health_url(role), timeout=TIMEOUT_S) as response:

@@ -25,6 +25,12 @@ miss instead: SSE ends with an `error` event (OpenAI's error object) and no `spe
 raw audio ends without the chunked body's last chunk (the connection is dropped), so every HTTP
 client raises on the incomplete body instead of keeping a short file as if it were whole.
 
+**Tracing.** A valid W3C `traceparent` request header makes the request a span of the caller's
+trace (else a new trace begins; an invalid or repeated header is ignored, as W3C says). The
+workers are sent the gateway's span; the response carries `traceresponse` (that span, W3C's
+response header) and `x-voicering-trace-id`, SSE's `speech.audio.done` the `trace_id`, and the
+gateway logs one `hop=gateway` line at the end (`voicering trace ID` joins the hops).
+
 Metering follows what the worker generated (its PCM before `speed` stretches it), once the
 utterance was opened on a worker; anything refused before that is not metered. The body is read
 only after the key is checked, at most `body_limit(settings)` bytes (`edge.read_body`).
@@ -56,8 +62,11 @@ from gateway.tenants import Tenant, TenantError
 from gpu_worker.client import WorkerRequestError
 from gpu_worker.pool import PoolStream
 from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.trace_context import Hop, TraceContext, current, log_hop, parse
 
-__all__ = ["MODELS", "SpeechRequest", "body_limit", "body_schemas", "router"]
+TRACE_HEADER = "traceparent"
+
+__all__ = ["MODELS", "SpeechRequest", "body_limit", "body_schemas", "request_trace", "router"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +126,14 @@ def body_schemas() -> dict[str, dict]:
     return {**schema.pop("$defs", {}), "SpeechRequest": schema}
 
 
+def request_trace(values: list[str]) -> TraceContext:
+    """The gateway's span of a request whose ``traceparent`` headers are ``values``: the child of
+    a single valid one, else the first span of a new trace (W3C: a repeated or invalid header is
+    ignored, never passed on)."""
+    caller = parse(values[0]) if len(values) == 1 else None
+    return caller.child() if caller is not None else TraceContext.new()
+
+
 def _parse(raw: bytes) -> SpeechRequest:
     try:
         return SpeechRequest.model_validate_json(raw)
@@ -142,11 +159,13 @@ async def create_speech(request: Request, tenant: Annotated[Tenant, Depends(call
     if body.model not in MODELS:
         raise ApiError(404, f"The model '{body.model}' does not exist; use one of {', '.join(MODELS)}",
                        type="not_found_error", param="model", code="model_not_found")
+    trace = request_trace(request.headers.getlist(TRACE_HEADER))
+    current.set(trace)  # this request's task: its log records carry the trace id
     voice_id, slot = await resolve_and_admit(gateway, tenant, body.voice_name)
-    run = _Run(gateway, tenant, slot)
+    run = _Run(gateway, tenant, slot, trace, voice_id, received)
     admitted = time.perf_counter()
     try:
-        stream = await gateway.pool.start(voice_id, body.input,
+        stream = await gateway.pool.start(voice_id, body.input, traceparent=trace.traceparent,
                                           options=UtteranceOptions(seed=body.seed, max_tokens=body.max_tokens))
         run.stream = stream
         await stream.end()
@@ -154,6 +173,7 @@ async def create_speech(request: Request, tenant: Annotated[Tenant, Depends(call
         first = await anext(audio, None)
         first_audio = time.perf_counter()
     except WorkerRequestError as exc:
+        run.outcome = exc.error.code
         await run.close()
         raise from_worker_error(exc) from None
     except BaseException:
@@ -167,7 +187,8 @@ async def create_speech(request: Request, tenant: Annotated[Tenant, Depends(call
     # what the gateway held the request for (key, limits, voice, slot) and what the worker took to
     # its first audio: a client's TTFB minus `worker` is the gateway's whole share, HTTP included
     timing = f"admit;dur={(admitted - received) * 1000:.2f}, worker;dur={(first_audio - admitted) * 1000:.2f}"
-    headers = {"x-voicering-worker": stream.worker_id or "", "cache-control": "no-store", "server-timing": timing}
+    headers = {"x-voicering-worker": stream.worker_id or "", "cache-control": "no-store", "server-timing": timing,
+               "traceresponse": trace.traceparent, "x-voicering-trace-id": trace.trace_id}
     return _Streamed(body_iter, run.close, media_type=media_type, headers=headers)
 
 
@@ -183,10 +204,15 @@ class _Run:
     """One speech request's resources, released once whatever ends it (done, error, disconnect).
     `pcm_bytes` is the audio the worker generated (before `speed`): what is billed."""
 
-    def __init__(self, gateway: Gateway, tenant: Tenant, slot) -> None:
+    def __init__(self, gateway: Gateway, tenant: Tenant, slot, trace: TraceContext, voice: str,
+                 received: float) -> None:
         self.gateway, self.tenant, self.slot = gateway, tenant, slot
+        self.trace, self.voice, self.received = trace, voice, received
+        self.received_unix = time.time() - (time.perf_counter() - received)
         self.stream: PoolStream | None = None
         self.pcm_bytes = 0
+        self.first_sent: float | None = None  # when the first encoded audio was handed to the server
+        self.outcome = "cancelled"  # until the body ends whole, or an error ends it
         self._closed = False
         gateway.metrics.active_streams.labels(tenant.name).inc()
 
@@ -198,6 +224,7 @@ class _Run:
         if self._closed:
             return
         self._closed = True
+        self._log_hop()
         metrics = self.gateway.metrics
         metrics.active_streams.labels(self.tenant.name).dec()
         if self.stream is not None and self.stream.done is None:
@@ -215,6 +242,14 @@ class _Run:
                         exc.message)
 
 
+    def _log_hop(self) -> None:
+        stream = self.stream
+        log_hop(log, Hop.ended("gateway", self.trace, worker="", to=(stream.worker_id or "") if stream else "",
+                               voice=self.voice, context=stream.context_id if stream else "",
+                               received=self.received, received_unix=self.received_unix,
+                               first_audio=self.first_sent, outcome=self.outcome))
+
+
 async def _encoded(run: _Run, body: SpeechRequest, first: bytes | None, rest: AsyncIterator[bytes],
                    received: float) -> AsyncIterator[bytes]:
     """The encoded response body, chunk by chunk as the worker's audio arrives."""
@@ -229,13 +264,16 @@ async def _encoded(run: _Run, body: SpeechRequest, first: bytes | None, rest: As
             out = encoder.feed(speed.feed(pcm))
             if out:
                 if not sent_first:
-                    ttfb.observe(time.perf_counter() - received)
+                    run.first_sent = time.perf_counter()
+                    ttfb.observe(run.first_sent - received)
                     sent_first = True
                 yield out
         tail = encoder.feed(speed.close()) + encoder.close()
         if tail:
             yield tail
+        run.outcome = "completed"
     except WorkerRequestError as exc:
+        run.outcome = exc.error.code
         # The 200 is out already: the caller must still see that this audio is not whole.
         log.warning("speech of tenant %s ended early after %.2f s of audio: %s", run.tenant.id, run.audio_seconds,
                     exc.error.message)
@@ -263,7 +301,7 @@ async def _sse(run: _Run, encoded: AsyncIterator[bytes]) -> AsyncIterator[bytes]
     output_tokens = stats.tokens if stats else 0
     usage = {"input_tokens": 0, "output_tokens": output_tokens, "total_tokens": output_tokens,
              "audio_seconds": round(run.audio_seconds, 3)}
-    yield _event({"type": "speech.audio.done", "usage": usage,
+    yield _event({"type": "speech.audio.done", "usage": usage, "trace_id": run.trace.trace_id,
                   "served_by": stats.served_by if stats else "", "proxied": bool(stats.proxied) if stats else False})
 
 

@@ -28,6 +28,10 @@ closed with 1008, its contexts cancelled; changed limits apply to the contexts s
 the check. Each `start` is counted against the tenant's rate limit as an HTTP request is
 (`error` `requests_limit_exceeded` for that context past it); the handshake counts one too.
 
+**Each context is a request of its own to trace**: a child span of its `start`'s `traceparent`
+(refused with `bad_request` when malformed, like any field), else a new trace; its `done.stats`
+carry the `trace_id`, and the gateway logs one `hop=gateway` line when it ends.
+
 Writes go through one bounded outbox and one writer task: a client that stops reading for
 `SLOW_CONSUMER_S` is cut (1008), its contexts cancelled on the workers. A disconnect cancels
 every open context at once.
@@ -53,6 +57,7 @@ from gpu_worker.errors import BadMessage
 from gpu_worker.pool import PoolStream
 from gpu_worker.protocol import (MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AudioChunk, Cancel, ClientMessage, Done, End,
                                  Error, Flush, PushText, Rejected, Start, encode, parse_client)
+from gpu_worker.trace_context import Hop, TraceContext, current, log_hop, parse
 
 __all__ = ["router"]
 
@@ -97,6 +102,12 @@ class _Context:
     buffered_chars: int = 0  # sent since the last flush (the worker buffers them as one segment)
     held_before_audio: int = 0  # characters (at least one per message) sent before the first audio
     rejections_relayed: int = 0  # of the worker's `rejected` for this context
+    trace: TraceContext = field(default_factory=TraceContext.new)  # the gateway's span of this context
+    voice: str = ""  # the voice id sent to the workers
+    began: float = field(default_factory=time.perf_counter)
+    began_unix: float = field(default_factory=time.time)
+    first_audio_at: float | None = None
+    outcome: str = "cancelled"  # until its done or error
 
     def admit(self, message: ClientMessage) -> Rejected | None:
         """Count `message` against this context's text limits, or say why it is refused (and not counted)."""
@@ -212,7 +223,10 @@ class _Session:
                                               "with less and send the rest as 'text' messages with flushes", False,
                                               message.context_id)))
                 return
+            caller = parse(message.traceparent) if message.traceparent else None  # parse_client checked it
             ctx = self.contexts[message.context_id] = _Context(message.context_id)
+            if caller is not None:
+                ctx.trace = caller.child()
             ctx.admit(PushText(ctx.id, message.text))
             ctx.relay = asyncio.create_task(self._speak(ctx, message), name=f"tts-stream-context:{ctx.id}")
             return
@@ -246,12 +260,15 @@ class _Session:
 
     async def _speak(self, ctx: _Context, start: Start) -> None:
         gateway, tenant = self.gateway, self.tenant
-        began = time.perf_counter()
+        began = ctx.began
+        current.set(ctx.trace)  # this context's task: its log records carry the trace id
         try:
             try:
                 await count_request(gateway, tenant)
                 voice_id, ctx.slot = await resolve_and_admit(gateway, tenant, start.voice)
-                ctx.stream = await gateway.pool.start(voice_id, start.text, options=start.options)
+                ctx.voice = voice_id
+                ctx.stream = await gateway.pool.start(voice_id, start.text, options=start.options,
+                                                      traceparent=ctx.trace.traceparent)
             except ApiError as exc:
                 await self._error(ctx, exc.code or "error", exc.message, exc.retry_after_s is not None)
                 return
@@ -275,7 +292,8 @@ class _Session:
         try:
             async for pcm in stream.audio():
                 if seq == 0:
-                    self.gateway.metrics.ttfb.labels("stream", "pcm").observe(time.perf_counter() - began)
+                    ctx.first_audio_at = time.perf_counter()
+                    self.gateway.metrics.ttfb.labels("stream", "pcm").observe(ctx.first_audio_at - began)
                 await self._relay_rejections(ctx)
                 ctx.pcm_bytes += len(pcm)
                 await self._send(AudioChunk(ctx.id, seq, pcm).encode())
@@ -287,6 +305,7 @@ class _Session:
         await self._relay_rejections(ctx)
         done = stream.done
         if done is not None:
+            ctx.outcome = done.reason
             await self._send(encode(Done(ctx.id, done.stats, done.reason)))
 
     async def _relay_rejections(self, ctx: _Context) -> None:
@@ -303,6 +322,7 @@ class _Session:
         if self.contexts.get(ctx.id) is ctx:
             del self.contexts[ctx.id]
         stream = ctx.stream
+        _log_hop(ctx)
         try:
             if stream is not None and stream.done is None:
                 with contextlib.suppress(Exception):
@@ -332,7 +352,15 @@ class _Session:
             raise _Cut() from None
 
     async def _error(self, ctx: _Context, code: str, message: str, retryable: bool) -> None:
+        ctx.outcome = code
         await self._send(encode(Error(code, message, retryable, ctx.id)))
 
     async def _refuse(self, message, why: str) -> None:
         await self._send(encode(Rejected("bad_request", why, False, message.context_id, message.type)))
+
+
+def _log_hop(ctx: _Context) -> None:
+    stream = ctx.stream
+    log_hop(log, Hop.ended("gateway", ctx.trace, worker="", to=(stream.worker_id or "") if stream else "",
+                           voice=ctx.voice, context=stream.context_id if stream else "", received=ctx.began,
+                           received_unix=ctx.began_unix, first_audio=ctx.first_audio_at, outcome=ctx.outcome))

@@ -19,15 +19,19 @@ connection per worker, for the life of its room.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from livekit.agents import NOT_GIVEN, Agent, AgentServer, AgentSession, JobContext
 from livekit.agents.voice import SpeechHandle
 from livekit.agents.voice.room_io import RoomOptions, TextInputEvent, TextInputOptions
 
+from gateway.livekit.metrics import AgentMetrics
 from gateway.livekit.settings import AgentSettings
 from gateway.livekit.tts import TTS
 from gpu_worker.protocol import UtteranceOptions
@@ -89,6 +93,7 @@ class VoiceAgent:
         ctx.add_shutdown_callback(voice.aclose)
         voice.prewarm()
         session = self.session(voice)
+        AgentMetrics().attach(session, voice)  # this job process's files, served by the main process
         await session.start(agent=self.agent(), room=ctx.room, room_options=self.room_options())
         log.info("voicering agent joined room %s with voice %r", ctx.room.name, self.settings.voice)
         return session
@@ -115,9 +120,17 @@ class VoiceAgent:
         return RoomOptions(text_input=text, audio_input=bool(s.stt))
 
 
-def build_server(settings: AgentSettings, load: Callable[[], float]) -> AgentServer:
+def build_server(settings: AgentSettings, load: Callable[[], float], *, metrics_dir: Path | None = None) -> AgentServer:
+    """The agent server; with `metrics_port` set it serves /metrics there, collected from the job
+    processes' multiprocess files in ``metrics_dir`` (else `settings.metrics_dir`), which it empties
+    at start."""
     secret = settings.livekit_api_secret.get_secret_value() if settings.livekit_api_secret else None
     port = {} if settings.http_port is None else {"port": settings.http_port}
+    if settings.metrics_port is not None:
+        folder = metrics_dir or settings.metrics_dir
+        if folder is None:
+            raise ValueError("metrics_port needs a metrics folder (settings.metrics_dir or metrics_dir)")
+        port |= {"prometheus_port": settings.metrics_port, "prometheus_multiproc_dir": str(folder)}
     server = AgentServer(ws_url=settings.livekit_url, api_key=settings.livekit_api_key, api_secret=secret,
                          load_fnc=load, load_threshold=settings.load_threshold, **port)
     server.rtc_session(VoiceAgent(settings), agent_name=settings.agent_name)
@@ -129,8 +142,16 @@ async def serve(settings: AgentSettings, *, devmode: bool = False) -> None:
     (the ring is read once before registering with LiveKit); afterwards a Redis outage only makes
     the load figure stale."""
     ring = settings.ring_settings()
+    with contextlib.ExitStack() as folders:
+        metrics_dir = settings.metrics_dir
+        if settings.metrics_port is not None and metrics_dir is None:
+            metrics_dir = Path(folders.enter_context(tempfile.TemporaryDirectory(prefix="voicering-agent-metrics-")))
+        await _serve(settings, ring, metrics_dir, devmode=devmode)
+
+
+async def _serve(settings: AgentSettings, ring, metrics_dir: Path | None, *, devmode: bool) -> None:
     async with RingStore(ring) as store, RingWatcher(store) as watcher:
-        server = build_server(settings, FleetLoad(watcher))
+        server = build_server(settings, FleetLoad(watcher), metrics_dir=metrics_dir)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -8,6 +8,8 @@ place they are written. The object is pickled into LiveKit's job processes as it
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -39,6 +41,11 @@ class AgentSettings(BaseSettings):
                                   "reports itself full and LiveKit stops dispatching jobs to it")
     http_port: int | None = Field(None, ge=0, le=65535, description="the agent server's health endpoint (GET / and "
                                   "/worker); None: livekit's default (8081, a random port in --dev)")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="the agent server's GET /metrics (livekit-"
+                                     "agents' Prometheus server: its own and voicering_agent_* from every room's job "
+                                     "process); None: not served. Deploy configs set 8082")
+    metrics_dir: Path | None = Field(None, description="prometheus_client's multiprocess folder the job processes "
+                                     "write to (emptied at start); None: a fresh temporary folder per server")
     # the fleet
     redis_url: str = Field(_RING.redis_url, validation_alias=_env("redis_url", REDIS_URL_ENV),
                            description="Redis of the workers' hash ring")

@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import pickle
+import subprocess
 import sys
 import time
 import urllib.request
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from livekit import rtc
+from prometheus_client import CollectorRegistry
 from livekit.agents import Agent, AgentSession, APIConnectOptions, llm
 from livekit.agents.testing import fake_job_context
 from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
@@ -29,6 +31,7 @@ from livekit.agents.voice.room_io import TextInputEvent
 
 from gateway.livekit import TTS
 from gateway.livekit.agent import FleetLoad, VoiceAgent, build_server, fleet_load, speak_text
+from gateway.livekit.metrics import AgentMetrics
 from gateway.livekit.settings import AgentSettings
 from gpu_worker.process import free_port
 from gpu_worker.protocol import UtteranceOptions
@@ -37,6 +40,7 @@ from hashring.records import RingView, Snapshot, WorkerInfo
 from hashring.settings import RingSettings
 from hashring.store import RingStore
 from tests.fixtures.models import CLUSTER_PREFIX
+from tests.fixtures.probes import metric_samples
 from tests.gateway.test_livekit_tts import direct_like_the_plugin
 
 VOICE = "tara"
@@ -152,6 +156,8 @@ async def test_an_interruption_stops_the_speech_and_the_worker_drops_the_context
     plugin = TTS(voice=VOICE, workers=[worker.url], options=opts(seed=82, max_tokens=7 * 80 + 1))
     session, sink, _ = await started_session(plugin, reply="This reply is long and will be cut off by the user. "
                                                         "It keeps going for quite a while after that.")
+    registry = CollectorRegistry()
+    AgentMetrics(registry).attach(session, plugin)  # what the agent server's entrypoint attaches
     try:
         handle = session.generate_reply(user_input="Tell me a long story.")
         await asyncio.wait_for(sink.first_frame.wait(), timeout=120)
@@ -166,9 +172,15 @@ async def test_an_interruption_stops_the_speech_and_the_worker_drops_the_context
         nxt = session.say("And now something else.")
         await asyncio.wait_for(nxt.wait_for_playout(), timeout=120)
         assert len(sink.frames) > frames_at_interrupt and plugin.transport.pool.handshakes == 1
+        assert registry.get_sample_value("voicering_agent_sessions") == 1
     finally:
         await session.aclose()
         await plugin.aclose()
+    value = registry.get_sample_value
+    assert value("voicering_agent_turns_total", {"outcome": "interrupted"}) == 1
+    assert value("voicering_agent_turns_total", {"outcome": "completed"}) == 1
+    assert value("voicering_agent_tts_ttfb_seconds_count") >= 1  # per TTS request that reported (the cut one may not)
+    assert value("voicering_agent_sessions") == 0  # the session's close event
 
 
 async def test_participant_text_interrupts_and_is_spoken_as_sent(worker):
@@ -293,6 +305,50 @@ async def test_the_agent_server_reports_the_fleet_s_real_load_from_the_ring(work
             await server.aclose()
             await running
         await worker.wait_idle(timeout=10)
+
+
+_JOB_PROCESS = """
+import sys
+from gateway.livekit.metrics import AgentMetrics
+m = AgentMetrics()  # as in a room's job process: no registry, values in PROMETHEUS_MULTIPROC_DIR
+m.sessions.inc()  # a room still open in that process
+m.turns.labels("completed").inc(3)
+m.turns.labels("interrupted").inc()
+m.ttfb.observe(0.2)
+"""
+
+
+async def test_the_agent_server_serves_the_job_processes_metrics(redis_url, tmp_path):
+    """The agent server's /metrics collects what job processes wrote: a real second process writes
+    them as a room's job process would (a LiveKit server would dispatch that job; none runs here)."""
+    port, metrics_port, folder = free_port(), free_port(), tmp_path / "metrics"
+    server = build_server(agent_settings(redis_url, http_port=port, metrics_port=metrics_port), lambda: 0.0,
+                          metrics_dir=folder)
+    running = asyncio.create_task(server.run(devmode=True, unregistered=True))
+    try:
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:
+                return resp.read().decode()
+
+        for _ in range(100):
+            try:
+                await asyncio.to_thread(scrape)
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder)}
+        done = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", _JOB_PROCESS], env=env,
+                                       capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        page = metric_samples(await asyncio.to_thread(scrape))
+        assert page[("voicering_agent_turns_total", (("outcome", "completed"),))] == 3
+        assert page[("voicering_agent_turns_total", (("outcome", "interrupted"),))] == 1
+        assert page[("voicering_agent_tts_ttfb_seconds_count", ())] == 1
+        assert page[("voicering_agent_sessions", ())] == 1
+    finally:
+        await server.aclose()
+        await running
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)  # livekit set it in this process for its job processes
 
 
 async def test_voicering_agent_reads_the_ring_then_says_what_livekit_setting_is_missing(redis_url):

@@ -10,6 +10,10 @@ with a short ``idle_timeout_s`` and an owner (the real vLLM engine on stand-in w
   speaks is a small real websocket server written here (it takes the link and every message and
   answers none), registered in the same Redis ring with a real heartbeat, because a real worker
   cannot be made to hang on demand.
+- Issue 22 (item 5): one request followed across the three hops, a gateway pinned to the entry
+  (`--worker URL`: its starts are not placed, so the entry relays them to the owner): the same
+  trace id in every process's log, each hop's span the child of the one before, and
+  `voicering trace ID --logs DIR` showing gateway, entry and owner.
 """
 
 from __future__ import annotations
@@ -17,10 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import httpx
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
@@ -29,12 +37,15 @@ from gpu_worker.client import WorkerClient, WorkerRequestError
 from gpu_worker.pool import PoolSettings, WorkerPool
 from gpu_worker.protocol import UtteranceOptions
 from gpu_worker.settings import RELAY_TIMEOUT_S
+from gpu_worker.trace_context import TraceContext
 from hashring import RingSettings
 from hashring.membership import Heartbeat, RingWatcher
 from hashring.placement import place
 from hashring.records import WorkerInfo
 from hashring.store import RingStore
+from tests.fixtures.gateway import start_gateway
 from tests.fixtures.models import cluster_args, start_worker, stop_workers
+from voicering.trace import find_hops
 
 PREFIX = "test:relay"
 ENTRY, OWNER, SILENT = "relay-entry", "relay-owner", "relay-silent"
@@ -124,6 +135,46 @@ async def test_a_relayed_context_still_ends_when_nothing_comes_either_way(pair, 
                 async for _ in stream.audio():
                     pass
     assert err.value.error.code == "idle_timeout" and not err.value.retryable
+    await pair[OWNER].wait_idle()
+    await pair[ENTRY].wait_idle()
+
+
+async def test_one_request_is_followed_through_the_gateway_the_entry_and_the_owner(pair, redis_server, adapter_store,
+                                                                                  new_tenant):
+    voice = await owned_alone_by(pair, redis_server, OWNER, 2)
+    logs = pair[ENTRY].log_path.parent  # both workers' logs; the gateway's goes in beside them
+    gateway = start_gateway(redis_server.url, adapter_store, logs / "gateway", "--worker", pair[ENTRY].url,
+                            env={"VOICERING_GATEWAY_BASE_VOICES": json.dumps([voice])})
+    caller = TraceContext.new()
+    try:
+        _, key = await new_tenant()
+        async with httpx.AsyncClient(timeout=120) as http:
+            response = await http.post(f"{gateway.url}/v1/audio/speech", json={
+                "model": "tts-1", "voice": voice, "input": "Across three hops.", "response_format": "pcm",
+                "stream_format": "sse", "seed": 6, "max_tokens": 15},
+                headers={"Authorization": f"Bearer {key}", "traceparent": caller.traceparent})
+        deadline = time.monotonic() + 30
+        while [f.hop.hop for f in find_hops(caller.trace_id, [logs])] != ["gateway", "entry", "owner"]:
+            assert time.monotonic() < deadline, find_hops(caller.trace_id, [logs])  # each hop logs at its end
+            await asyncio.sleep(0.2)
+    finally:
+        gateway.stop()
+    assert response.status_code == 200 and response.headers["x-voicering-trace-id"] == caller.trace_id
+    done = json.loads(response.text.strip().splitlines()[-1].removeprefix("data: "))
+    assert (done["type"], done["served_by"], done["proxied"], done["trace_id"]) == (
+        "speech.audio.done", OWNER, True, caller.trace_id)
+    shown = subprocess.run([sys.executable, "-m", "voicering", "trace", caller.trace_id, "--logs", str(logs), "--json"],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    gw, entry, owner = json.loads(shown.stdout)["hops"]
+    assert (gw["hop"], gw["parent"], gw["to"]) == ("gateway", caller.span_id, pair[ENTRY].url)  # static routing: URLs
+    assert (entry["hop"], entry["worker"], entry["to"], entry["parent"]) == ("entry", ENTRY, OWNER, gw["span"])
+    assert (owner["hop"], owner["worker"], owner["parent"], owner["voice"]) == ("owner", OWNER, entry["span"], voice)
+    assert all(h["outcome"] == "completed" and h["ttfb_ms"] is not None for h in (gw, entry, owner))
+    assert {Path(h["log"]).name for h in (gw, entry, owner)} == {"gateway.log", f"{ENTRY}.log", f"{OWNER}.log"}
+    table = subprocess.run([sys.executable, "-m", "voicering", "trace", caller.trace_id, "--logs", str(logs)],
+                           capture_output=True, text=True, timeout=60)
+    assert table.stdout.splitlines()[0] == f"trace {caller.trace_id}: gateway -> entry {ENTRY} -> owner {OWNER}"
     await pair[OWNER].wait_idle()
     await pair[ENTRY].wait_idle()
 

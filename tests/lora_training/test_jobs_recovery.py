@@ -1,8 +1,10 @@
 """Queue recovery on real redis-servers: abandoned entries behind many live ones are re-claimed
 (XAUTOCLAIM's cursor is followed), submit replaces an orphaned job hash in one script and refuses
 a live or ended one clearly, cancel decides under one script, and a train-worker lives through
-Redis being killed and restarted under it and finishes the next job."""
+Redis being killed and restarted under it and finishes the next job (its /health failing while
+Redis is gone, its metrics counting the job that was lost and the one that ran)."""
 
+import json
 import threading
 import time
 import uuid
@@ -12,8 +14,12 @@ import pytest
 from hashring.embedded import EmbeddedRedis
 from lora_training.consumer import TrainWorker
 from lora_training.errors import JobExistsError
+from lora_training.health import TrainerHealth
+from lora_training.health_server import HealthServer
 from lora_training.jobs import GROUP, Delivery, JobQueue, Lease
+from lora_training.metrics import TrainerMetrics
 from lora_training.pipeline import JobSpec
+from tests.fixtures.probes import http_get, metric_samples
 
 CLAIM_IDLE_MS = 300
 
@@ -151,7 +157,13 @@ def test_a_train_worker_lives_through_a_redis_restart_and_finishes_the_next_job(
     long = train_settings.params.model_copy(update={"max_steps": 500, "save_steps": 500})
     first = observer.submit(JobSpec(name="long", tenant="acme", audio=uploads.audio, transcripts=uploads.manifest,
                                     data=train_settings.data, params=long)).job_id
-    worker = RecordingWorker(settings, queue, console=False)
+    # its health record and internal port, as `train-worker --health-port` has them (1 s of grace here)
+    health, metrics = TrainerHealth(stall_s=600, redis_grace_s=1.0), TrainerMetrics()
+    health.listen(metrics)
+    server = HealthServer(health, metrics, JobQueue.connect(own_redis.url, prefix), host="127.0.0.1", port=0,
+                          refresh_s=0.2).start()
+    probe = f"http://127.0.0.1:{server.port}"
+    worker = RecordingWorker(settings, queue, console=False, health=health)
     finished: list[int] = []
     thread = threading.Thread(target=lambda: finished.append(worker.run(max_jobs=1)), daemon=True)
     thread.start()
@@ -169,6 +181,13 @@ def test_a_train_worker_lives_through_a_redis_restart_and_finishes_the_next_job(
         assert job_id == first and outcome is False and at - cut < lease_ms / 1000 + 10
         time.sleep(2.0)  # the worker keeps failing to reach Redis meanwhile
         assert thread.is_alive() and not finished
+        code, body = http_get(f"{probe}/health")  # past the grace: the probe says why
+        assert code == 503 and json.loads(body)["redis"] == "unreachable", body
+        assert "the queue's Redis has been unreachable" in json.loads(body)["problems"][0]
+        lost = metric_samples(http_get(f"{probe}/metrics")[1])
+        assert lost[("voicering_trainer_redis_up", ())] == 0 and lost[("voicering_trainer_job_running", ())] == 0
+        assert lost[("voicering_trainer_steps_total", ())] >= 1
+        assert sum(v for (name, labels), v in lost.items() if name == "voicering_trainer_jobs_total") == 1
 
         own_redis.start()  # empty, like a Redis without persistence after a crash
         second = observer.submit(JobSpec(name="short", tenant="acme", audio=uploads.audio,
@@ -180,6 +199,15 @@ def test_a_train_worker_lives_through_a_redis_restart_and_finishes_the_next_job(
         assert status.state == "ready" and status.attempts == 1 and status.consumer == "t"
         assert (tmp_path / "store" / "acme" / "short").is_dir()
         assert not (tmp_path / "store" / "acme" / "long").exists()
+        deadline = time.monotonic() + 10
+        while http_get(f"{probe}/health")[0] != 200:  # the reader's next read clears it
+            assert time.monotonic() < deadline, http_get(f"{probe}/health")
+            time.sleep(0.1)
+        after = metric_samples(http_get(f"{probe}/metrics")[1])
+        assert after[("voicering_trainer_jobs_total", (("outcome", "ready"),))] == 1
+        assert after[("voicering_trainer_redis_up", ())] == 1
     finally:
+        server.close()
         queue.close()
         observer.close()
+

@@ -1,0 +1,136 @@
+"""The terminal view of one report (rich): the header, the problems first in red, then one table
+per section (workers, hottest voices, training queue) and what the fleet cannot list.
+
+rich is imported inside each function, so importing this module (and `voicering --help`) stays light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from voicering.status.report import NOT_RECORDED, Problem, StatusReport, WorkerRates, duration
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from hashring.fleet_view import FleetView, VoiceRow
+
+__all__ = ["SHOWN_OWNERS", "SHOWN_PROBLEMS", "render"]
+
+SHOWN_PROBLEMS: Final = 12  # problem lines drawn; the JSON has them all
+SHOWN_OWNERS: Final = 6
+
+
+def render(report: StatusReport) -> RenderableType:
+    """Problems first (red), then one table per section."""
+    from rich.console import Group
+    from rich.text import Text
+
+    fleet = report.fleet
+    serving = sum(w.state == "serving" for w in fleet.workers)
+    head = Text.assemble(
+        ("voicering fleet", "bold"), f"  {report.redis}  prefix {report.settings.ring.prefix}  ",
+        ("ring epoch ", "dim"), str(fleet.epoch), ("  serving ", "dim"), f"{serving} of {len(fleet.workers)}",
+        ("  streams ", "dim"), str(fleet.streams), ("  requests ", "dim"), f"{fleet.rate:.1f}/s",
+        ("  autoscaler ", "dim"), "cooling" if fleet.cooling else ("no cool loop holds the lease", "yellow"))
+    parts: list[Any] = [head, _problems(report.problems), _workers(report), _voices(fleet)]
+    parts += [_training(report), Text(f"gateways: not available ({NOT_RECORDED['gateways']})", style="dim"),
+              Text(f"agent servers: not available ({NOT_RECORDED['agents']})", style="dim")]
+    return Group(*parts)
+
+
+def _problems(problems: tuple[Problem, ...]) -> RenderableType:
+    from rich.text import Text
+
+    if not problems:
+        return Text("no problems", style="green")
+    lines = Text()
+    for p in problems[:SHOWN_PROBLEMS]:
+        lines.append(f"PROBLEM {p.message}\n", style="bold red")
+    if len(problems) > SHOWN_PROBLEMS:
+        lines.append(f"... and {len(problems) - SHOWN_PROBLEMS} more problems (see --json)\n", style="bold red")
+    lines.rstrip()
+    return lines
+
+
+def _workers(report: StatusReport) -> RenderableType:
+    from rich.table import Table
+
+    table = Table(title="workers", title_justify="left", expand=False)
+    for name, justify in (("WORKER", "left"), ("STATE", "left"), ("STREAMS", "right"), ("REFUSED/S", "right"),
+                          ("RELAYED/S", "right"), ("ADAPTERS", "right"), ("HEARTBEAT", "right"), ("ADDRESS", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    colour = {"serving": "green", "draining": "yellow", "dead": "bold red"}
+    for w in report.fleet.workers:
+        probe, rates = report.probes.get(w.id), report.rates.get(w.id, WorkerRates(None, None))
+        adapters = "-" if probe is None else "?" if probe.health is None else str(probe.health.get("adapters_resident"))
+        table.add_row(w.id, f"[{colour[w.state]}]{w.state}[/]", f"{w.streams}/{w.capacity}",
+                      _per_s(rates.refusals_per_s), _per_s(rates.relays_per_s), adapters,
+                      "never" if w.heartbeat_age_s is None else duration(w.heartbeat_age_s), w.proxy_url)
+    if not report.fleet.workers:
+        table.add_row("no workers registered", "", "", "", "", "", "", "")
+    notes = []
+    if report.probes and all(r.refusals_per_s is None for r in report.rates.values()):
+        notes.append("refusals and relays per second need two samples of the workers' /metrics: use --watch")
+    failed = [(wid, p.error) for wid, p in report.probes.items() if p.error]
+    if failed:
+        notes.append(f"{len(failed)} probe(s) incomplete: {', '.join(w for w, _ in failed[:SHOWN_OWNERS])}"
+                     f"{' ...' if len(failed) > SHOWN_OWNERS else ''} (first: {failed[0][1]})")
+    table.caption, table.caption_justify = "\n".join(notes) or None, "left"
+    return table
+
+
+def _voices(fleet: FleetView) -> RenderableType:
+    from rich.table import Table
+
+    table = Table(title=f"hottest voices ({len(fleet.voices)} of {fleet.voices_ranked} with a replica record or "
+                  "asked for)", title_justify="left")
+    for name, justify in (("VOICE", "left"), ("REQ/S 5s", "right"), ("REQ/S 60s", "right"), ("SHARE", "right"),
+                          ("REPLICAS", "right"), ("OWNERS", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for v in fleet.voices:
+        replicas = f"{v.placed}/{v.wanted}"
+        table.add_row(v.voice, f"{v.rate:.2f}", f"{v.rate_slow:.2f}", "-" if v.share is None else f"{v.share:.0%}",
+                      f"[bold red]{replicas}[/]" if v.placed < v.wanted else replicas, _owners(v))
+    return table
+
+
+def _training(report: StatusReport) -> RenderableType:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    queue = report.queue
+    if queue is None:
+        return Text(f"training queue: not readable ({report.queue_error})", style="yellow")
+    age = queue.oldest_queued_age_s
+    summary = Text.assemble(
+        ("training queue  ", "bold"), f"queued {len(queue.queued)}",
+        f" (oldest {duration(age)})" if age is not None else "", f"  running {len(queue.running)}",
+        f"  failed in the last {duration(queue.failed_window_s)} {len(queue.failed_recent)}",
+        f"  stream entries pending {queue.pending_entries}",
+        "" if queue.complete else (f"  (newest {queue.scanned} jobs read)", "yellow"))
+    if not queue.running and not queue.failed_recent:
+        return summary
+    table = Table(title_justify="left")
+    for name in ("JOB", "VOICE", "STATE", "PROGRESS", "TRAINER", "AGE / ERROR"):
+        table.add_column(name)
+    for r in queue.running:
+        j = r.status
+        steps = f" step {j.step}/{j.total_steps}" if j.total_steps else ""
+        lease = "" if r.leased else " [yellow](lease expired)[/]"
+        table.add_row(j.job_id, j.voice_id, j.state, f"{j.progress:.1f}%{steps}", j.consumer + lease,
+                      duration(queue.read_at - j.created_at))
+    for j in queue.failed_recent:
+        table.add_row(j.job_id, j.voice_id, "[red]failed[/]", f"{j.progress:.1f}%", j.consumer,
+                      f"{duration(queue.read_at - j.updated_at)} ago: {j.error_code or '-'} {j.error}"[:160])
+    return Group(summary, table)
+
+
+def _owners(v: VoiceRow) -> str:
+    shown = ", ".join(v.owners[:SHOWN_OWNERS])
+    return shown + (f" +{len(v.owners) - SHOWN_OWNERS}" if len(v.owners) > SHOWN_OWNERS else "") or "-"
+
+
+def _per_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
