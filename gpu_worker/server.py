@@ -529,7 +529,10 @@ class WorkerServer:
         """A context's sends; on a v2 connection its `done`/`error` carry the load right after it ends
         (its own engine slot, still held while it sends them, is not counted)."""
         if conn.version < 2:
-            return conn.send
+            async def send_v1(message: object) -> None:
+                await conn.send(_as_version_1(message))
+
+            return send_v1
 
         async def send(message: object) -> None:
             if isinstance(message, Done | Error) and message.load is None:
@@ -540,7 +543,9 @@ class WorkerServer:
 
     def _stamped(self, conn: _Connection, message: object) -> object:
         """A `done`/`error` the reader or a closer sends, with the load on a v2 connection."""
-        if conn.version >= 2 and isinstance(message, Done | Error) and message.load is None:
+        if conn.version < 2:
+            return _as_version_1(message)
+        if isinstance(message, Done | Error) and message.load is None:
             return replace(message, load=self.active)
         return message
 
@@ -558,6 +563,14 @@ class WorkerServer:
                     return
         except ConnectionClosed:
             pass
+
+
+def _as_version_1(message: object) -> object:
+    """A message as version 1 wrote it: a `done` without the trace ids of its stats (a version-1
+    connection gets exactly the version-1 bytes; tracing is a version-2 field)."""
+    if isinstance(message, Done) and (message.stats.trace_id or message.stats.span_id):
+        return replace(message, stats=replace(message.stats, trace_id="", span_id=""))
+    return message
 
 
 def _answer_version(connection: ServerConnection, request: Request, response: Response) -> Response:

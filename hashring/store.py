@@ -26,6 +26,8 @@ Key layout (P = settings.prefix, "voicering:ring" by default):
     P:spills       hash    voice id -> requests that landed past its owners since the cool loop last looked
     P:lock:<name>  string  a lease (`acquire_lock`): the holder's random token, with a PX expiry;
                            "cool" is the autoscaler's, so one process of the fleet cools at a time
+    P:presence     zset    "<kind>/<id>" of a gateway or agent server -> its last presence beat (Redis
+                           server time); P:presence-info hash, the same member -> its JSON (`announce`)
     P:clock        hash    seen: Redis time of the last membership script; paused: seconds of outages
                            so far (gaps with no script longer than the outage gap); incarnation: a
                            random token set once, so a reader can tell Redis lost its data
@@ -228,6 +230,34 @@ _RELEASE_LOCK = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 return redis.call('DEL', KEYS[1])"""
 
+# KEYS: presence, presence-info; ARGV: member, info JSON, forget after (s)
+_ANNOUNCE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
+for _, member in ipairs(gone) do
+  redis.call('ZREM', KEYS[1], member)
+  redis.call('HDEL', KEYS[2], member)
+end
+return #gone
+"""
+
+# KEYS: presence, presence-info -> {now, member, seen, info, member, seen, info, ...}
+_PRESENT = """
+local t = redis.call('TIME')
+local out = {tostring(tonumber(t[1]) + tonumber(t[2]) / 1e6)}
+local rows = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #rows, 2 do
+  table.insert(out, rows[i])
+  table.insert(out, rows[i + 1])
+  local info = redis.call('HGET', KEYS[2], rows[i])
+  table.insert(out, info or false)
+end
+return out
+"""
+
 # KEYS: workers heartbeats live draining load epoch replicas auto clock
 # ARGV: ttl_s forget_after_s channel outage_gap_s incarnation_token
 # Reaps workers whose heartbeat is older than the TTL (out of `live`, epoch bumped) and forgets
@@ -288,6 +318,8 @@ class _Keys:
         self.spills = f"{prefix}:spills"
         self._lock = f"{prefix}:lock:"
         self.clock = f"{prefix}:clock"  # when Redis last answered, the outages so far, its incarnation
+        self.presence = f"{prefix}:presence"
+        self.presence_info = f"{prefix}:presence-info"
 
     def heat(self, voice: str) -> str:
         return self._heat + voice.encode("utf-8").hex()
@@ -341,6 +373,7 @@ class RingStore:
         self._peek_heat, self._snapshot = script(_PEEK_HEAT), script(_SNAPSHOT)
         self._take_signals, self._add_spills = script(_TAKE_SIGNALS), script(_ADD_SPILLS)
         self._renew_lock, self._release_lock = script(_RENEW_LOCK), script(_RELEASE_LOCK)
+        self._announce, self._present = script(_ANNOUNCE), script(_PRESENT)
 
     @property
     def settings(self) -> RingSettings:
@@ -575,12 +608,31 @@ class RingStore:
             raise
         return Subscription(self, pubsub)
 
+    async def announce(self, member: str, info: str, forget_s: float) -> None:
+        """One presence beat of a process that is not a ring member (`hashring.presence`): its
+        member name and JSON, stamped with Redis time; members silent for ``forget_s`` are dropped.
+        Not membership: no epoch, no event."""
+        await self._write(lambda: self._announce(keys=[self.keys.presence, self.keys.presence_info],
+                                                 args=[member, info, forget_s]))
+
+    async def present(self) -> tuple[float, list[tuple[str, float, str | None]]]:
+        """Redis time now, and every announced member with its last beat and its JSON."""
+        raw = await self._call(self._present(keys=[self.keys.presence, self.keys.presence_info]))
+        now, flat = float(raw[0]), raw[1:]
+        rows = [(_text(flat[i]), float(flat[i + 1]), None if flat[i + 2] is None else _text(flat[i + 2]))
+                for i in range(0, len(flat), 3)]
+        return now, rows
+
     async def ping(self) -> float:
         """Round-trip time to Redis in seconds."""
         loop = asyncio.get_running_loop()
         start = loop.time()
         await self._call(self._client.ping())
         return loop.time() - start
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _ms(seconds: float) -> int:

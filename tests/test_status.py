@@ -27,6 +27,7 @@ from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.process import free_port
 from hashring.membership import Heartbeat, RingWatcher
 from hashring.placement import HeatRecorder, ReplicaControl
+from hashring.presence import PRESENCE_SILENT_AFTER_S, Announcer
 from hashring.records import WorkerInfo
 from hashring.settings import RetryPolicy, RingSettings
 from hashring.store import RingStore
@@ -124,6 +125,12 @@ async def fleet(settings: RingSettings) -> AsyncIterator[RingStore]:
             heat.record(CALM, 3)
         await control.scale(WIDE, 6)
         assert (await control.cool()).get(BURST) == 3  # the autoscaler's own decision: the 3 serving workers
+        # a gateway and an agent server announcing themselves as theirs do, and a gateway gone quiet
+        await stack.enter_async_context(Announcer(store, "gateway", "gw-a:8000", address="0.0.0.0:8000"))
+        await stack.enter_async_context(Announcer(store, "agent", "agent-a:1", address="wss://lk.example"))
+        quiet = Announcer(store, "gateway", "gw-gone:8000")
+        await quiet.beat()
+        await store._client.zincrby(store.keys.presence, -PRESENCE_SILENT_AFTER_S - 5, "gateway/gw-gone:8000")
         yield store
 
 
@@ -171,8 +178,13 @@ async def test_json_shows_the_burst_first_and_every_problem(ring_settings, queue
         (failed,) = training["failed_recent"]
         assert failed["job_id"] == jobs.failed and failed["error_code"] == "speech_amount"
         assert training["pending_entries"] == 1 and training["complete"] is True  # the running job's entry
-        assert report["gateways"] is None and "do not register" in report["gateways_note"]
-        assert report["agents"] is None and report["agents_note"]
+        gateways = by_id(report["gateways"], "id")
+        assert set(gateways) == {"gw-a:8000", "gw-gone:8000"}
+        assert not gateways["gw-a:8000"]["silent"] and gateways["gw-a:8000"]["address"] == "0.0.0.0:8000"
+        assert gateways["gw-gone:8000"]["silent"] and gateways["gw-gone:8000"]["seen_age_s"] > PRESENCE_SILENT_AFTER_S
+        (agent,) = report["agents"]
+        assert agent["id"] == "agent-a:1" and agent["pid"] == os.getpid() and not agent["silent"]
+        assert "announce themselves" in report["presence_note"]
 
         # a calm voice with no replica record is ranked only when asked for; a patient limit is no problem
         code, out, err = await status(*common, "--queue-age-limit", "60", "--voice", CALM)
@@ -200,7 +212,7 @@ async def test_terminal_view_lists_problems_first_in_words(ring_settings, queue,
     voices = out[out.index("hottest voices"):out.index("training queue")]
     assert voices.index(BURST) < voices.index(WIDE)  # the burst ranks first
     assert "42.5% step 3/10" in out and "speech_amount" in out
-    assert "gateways: not available" in out
+    assert "gateways gw-a:8000 (" in out and "gw-gone:8000 (silent " in out and "agent servers agent-a:1 (" in out
 
 
 async def test_a_healthy_fleet_exits_0_and_a_missing_redis_75(ring_settings, queue):

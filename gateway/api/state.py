@@ -27,6 +27,7 @@ from gateway.tenants import Tenants, connect_redis
 from gateway.usage import Meter
 from gpu_worker.pool import PoolSettings, RingRouter, StaticRouter, WorkerPool
 from hashring.membership import RingWatcher
+from hashring.presence import Announcer, default_id
 from hashring.settings import RingSettings
 from hashring.store import RingStore
 from lora_training.jobs import JobQueue
@@ -76,6 +77,9 @@ async def open_gateway(settings: GatewaySettings) -> AsyncIterator[Gateway]:
             store = await stack.enter_async_context(RingStore(ring_settings))
             watcher = await stack.enter_async_context(RingWatcher(store))
             router = RingRouter(watcher, ring_settings)
+            # listed by `voicering status` (a static gateway, pinned to its --worker list, is not in the fleet)
+            await stack.enter_async_context(Announcer(store, "gateway", default_id(settings.port),
+                                                      address=f"{settings.host}:{settings.port}"))
         pool = await stack.enter_async_context(WorkerPool(router, pool_settings))
         jobs = JobQueue.connect(redis_url, settings.train_prefix)
         stack.callback(jobs.close)

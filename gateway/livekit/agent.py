@@ -37,6 +37,7 @@ from gateway.livekit.tts import TTS
 from gpu_worker.protocol import UtteranceOptions
 from hashring.errors import RingUnavailable
 from hashring.membership import RingWatcher
+from hashring.presence import Announcer, default_id
 from hashring.records import RingView
 from hashring.store import RingStore
 
@@ -150,7 +151,8 @@ async def serve(settings: AgentSettings, *, devmode: bool = False) -> None:
 
 
 async def _serve(settings: AgentSettings, ring, metrics_dir: Path | None, *, devmode: bool) -> None:
-    async with RingStore(ring) as store, RingWatcher(store) as watcher:
+    async with (RingStore(ring) as store, RingWatcher(store) as watcher,
+                Announcer(store, "agent", default_id(), address=settings.livekit_url or "")):
         server = build_server(settings, FleetLoad(watcher), metrics_dir=metrics_dir)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -6,10 +6,10 @@
     cli.py       the typer command: settings resolved once, one sample or --watch until Ctrl-C
 
 Problems: a dead worker still listed, a voice with fewer replicas placed than wanted, a training
-job queued longer than --queue-age-limit minutes. What no process records (gateways and agent
-servers do not register; workers publish how many adapters they hold, not which; spills are taken
-by the cool loop as it reads them; refusals are not counted per voice) is null in the JSON, with
-the reason. Nothing heavy is imported with the package: redis and rich load when a run starts.
+job queued longer than --queue-age-limit minutes. Gateways and agent servers are listed from their
+announcements (hashring.presence). What no process records (workers publish how many adapters
+they hold, not which; spills are taken by the cool loop as it reads them; refusals are not counted
+per voice) is null in the JSON, with the reason. Nothing heavy is imported with the package: redis and rich load when a run starts.
 """
 
 from voicering.status.cli import command

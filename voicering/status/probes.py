@@ -75,18 +75,20 @@ class StatusReader:
         """One sample. Raises RingError when the ring cannot be read; a queue that cannot be read
         is the report's `queue_error`, a worker that does not answer its probe's `error`."""
         from hashring.fleet_view import read_fleet
+        from hashring.presence import read_presence
         from hashring.store import redact_url
 
         s = self.settings
         assert self._store is not None, "use `async with StatusReader(...)`"
         fleet = await read_fleet(self._store, voices=s.voices, top=s.top)
+        presence = tuple(await read_presence(self._store))
         live = [w for w in fleet.workers if w.state != "dead"] if s.probe_timeout_s > 0 else []
         (queue, queue_error), *answers = await asyncio.gather(self._read_queue(), *(self._probe(w) for w in live))
         probes = {w.id: p for w, p in zip(live, answers)}
         rates = {wid: rates_between(self._probes.get(wid), p) for wid, p in probes.items()}
         self._probes = probes
         return StatusReport(redact_url(s.ring.redis_url), redact_url(s.queue_url), time.time(), fleet, queue,
-                            queue_error, probes, rates, problems_of(fleet, queue, s), s)
+                            queue_error, probes, rates, problems_of(fleet, queue, s), s, presence)
 
     async def _read_queue(self) -> tuple[QueueView | None, str | None]:
         from lora_training.errors import TrainingError

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 if TYPE_CHECKING:
     from hashring.fleet_view import FleetView, WorkerRow
+    from hashring.presence import Presence
     from hashring.settings import RingSettings
     from lora_training.queue_view import QueueView
 
@@ -23,9 +24,9 @@ __all__ = ["NOT_RECORDED", "Probe", "Problem", "ProblemKind", "StatusReport", "S
 
 # What the issue asks for that nothing in the fleet records today, and why (the JSON's *_note fields).
 NOT_RECORDED: Final = {
-    "gateways": "gateways do not register in Redis: each holds only a ring watcher and a worker pool, and writes "
-                "no record or heartbeat, so the fleet cannot list them",
-    "agents": "LiveKit agent servers register with LiveKit, not with the fleet's Redis; nothing here lists them",
+    "presence": "gateways (routed by the ring) and agent servers announce themselves every 5 s "
+                "(hashring.presence); `silent` ones missed 15 s of it, and an hour of silence drops them. A "
+                "gateway pinned to a --worker list is not in the fleet and is not listed",
     "adapter_loaded_on": "workers publish how many adapters they hold (/health adapters_resident), not which "
                          "voices: no process records where a voice's adapter is loaded",
     "spill_share": "spills are counted per voice in Redis only until the cool loop takes (reads and clears) them, "
@@ -93,6 +94,7 @@ class StatusReport:
     rates: Mapping[str, WorkerRates]
     problems: tuple[Problem, ...]
     settings: StatusSettings
+    presence: tuple[Presence, ...] = ()  # gateways and agent servers that announced themselves
 
 
 def problems_of(fleet: FleetView, queue: QueueView | None, settings: StatusSettings) -> tuple[Problem, ...]:
@@ -162,8 +164,9 @@ def report_json(report: StatusReport) -> dict[str, Any]:
         "training": None if queue is None else _queue_json(queue),
         "training_error": report.queue_error, "training_redis": report.queue_redis,
         "training_prefix": report.settings.queue_prefix,
-        "gateways": None, "gateways_note": NOT_RECORDED["gateways"],
-        "agents": None, "agents_note": NOT_RECORDED["agents"],
+        "gateways": [_presence_json(p) for p in report.presence if p.kind == "gateway"],
+        "agents": [_presence_json(p) for p in report.presence if p.kind == "agent"],
+        "presence_note": NOT_RECORDED["presence"],
         "problems": [dataclasses.asdict(p) for p in report.problems],
     }
 
@@ -202,3 +205,8 @@ def _heartbeat(w: WorkerRow) -> str:
 
 def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def _presence_json(p: Presence) -> dict:
+    return {"id": p.id, "seen_age_s": p.seen_age_s, "silent": p.silent, "address": p.info.get("address"),
+            "pid": p.info.get("pid"), "started_at": p.info.get("started_at")}

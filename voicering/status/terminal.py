@@ -34,9 +34,28 @@ def render(report: StatusReport) -> RenderableType:
         ("  streams ", "dim"), str(fleet.streams), ("  requests ", "dim"), f"{fleet.rate:.1f}/s",
         ("  autoscaler ", "dim"), "cooling" if fleet.cooling else ("no cool loop holds the lease", "yellow"))
     parts: list[Any] = [head, _problems(report.problems), _workers(report), _voices(fleet)]
-    parts += [_training(report), Text(f"gateways: not available ({NOT_RECORDED['gateways']})", style="dim"),
-              Text(f"agent servers: not available ({NOT_RECORDED['agents']})", style="dim")]
+    parts += [_training(report), _presence(report)]
     return Group(*parts)
+
+
+def _presence(report: StatusReport) -> RenderableType:
+    """One line per kind: each gateway and agent server with the age of its last announcement."""
+    from rich.text import Text
+
+    lines = Text()
+    for kind, title in (("gateway", "gateways"), ("agent", "agent servers")):
+        rows = [p for p in report.presence if p.kind == kind]
+        lines.append(f"{title} ", style="bold")
+        if not rows:
+            lines.append("none announced\n", style="dim")
+            continue
+        for i, p in enumerate(rows):
+            lines.append(", " if i else "")
+            lines.append(p.id, style="yellow" if p.silent else "")
+            lines.append(f" ({'silent ' if p.silent else ''}{p.seen_age_s:.0f}s ago)", style="dim")
+        lines.append("\n")
+    lines.append(NOT_RECORDED["presence"], style="dim")
+    return lines
 
 
 def _problems(problems: tuple[Problem, ...]) -> RenderableType:
