@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -43,3 +44,19 @@ def test_say_reports_an_unreachable_worker_clearly(tmp_path):
                           "-o", str(tmp_path / "x.wav")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 3
     assert "cannot reach worker" in out.stderr
+
+
+def test_every_package_directory_is_listed_for_the_wheel():
+    """pyproject lists its packages (the plugin's namespace package is mapped, which find cannot do):
+    a new package directory left off the list would be missing from the wheel."""
+    import tomllib
+
+    from tests.fixtures.models import REPO
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    roots = ("voicering", "gateway", "gpu_worker", "hashring", "lora_training", "silence_trim", "bench")
+    on_disk = {".".join(p.parent.relative_to(REPO).parts) for root in roots for p in (REPO / root).rglob("__init__.py")}
+    mapped = config["package-dir"]
+    on_disk -= {".".join(Path(folder).parts) for folder in mapped.values()}  # installed under their mapped names
+    assert set(config["packages"]) == on_disk | set(mapped) | {"gateway.api.web"}
+    assert (REPO / "gateway" / "api" / "web" / "index.html").is_file()

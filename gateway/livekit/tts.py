@@ -34,7 +34,6 @@ audio duration, ...) with `acquire_time` (routing + connection + start) and `con
 from __future__ import annotations
 
 import asyncio
-import logging
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -42,11 +41,12 @@ from dataclasses import dataclass, field, replace
 from livekit.agents import APIConnectionError, APIConnectOptions, APIError, APIStatusError, APITimeoutError, tts, utils
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS
 
+from gateway.livekit.log import logger
 from gateway.livekit.sentences import DEFAULT_MIN_SENTENCE_CHARS, SentenceSplitter
 from gateway.livekit.transport import Opened, PoolTransport, Transport, Utterance
 from gpu_worker.client import WorkerRequestError
 from gpu_worker.pool import PoolSettings
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import Done, UtteranceOptions
 from hashring.errors import InvalidVoiceId
 from hashring.membership import RingWatcher
 from hashring.records import check_voice_id
@@ -54,7 +54,7 @@ from hashring.settings import RingSettings
 
 __all__ = ["NUM_CHANNELS", "SAMPLE_RATE", "ChunkedStream", "SynthesizeStream", "TTS", "TTSOptions", "api_error"]
 
-log = logging.getLogger(__name__)
+log = logger  # livekit.plugins.voicering
 
 SAMPLE_RATE = 24000  # what every worker sends: 24 kHz mono s16le (docs/protocol.md)
 NUM_CHANNELS = 1
@@ -277,6 +277,7 @@ class ChunkedStream(tts.ChunkedStream):
         self._opts = replace(tts.options)  # before the framework starts _run
         super().__init__(tts=tts, input_text=input_text, conn_options=conn_options)
         self._tts: TTS = tts
+        self.worker_done: Done | None = None  # the worker's `done` once spoken: `.stats.served_by` names the worker
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
         output_emitter.initialize(request_id=utils.shortuuid(), sample_rate=SAMPLE_RATE, num_channels=NUM_CHANNELS,
@@ -289,6 +290,7 @@ class ChunkedStream(tts.ChunkedStream):
             self._acquire_time, self._connection_reused = opened.acquire_s, opened.connection_reused
             await speech.end()
             await speech.drain()
+            self.worker_done = speech.utterance.done if speech.utterance else None
         finally:
             await speech.aclose()
 
@@ -300,6 +302,7 @@ class SynthesizeStream(tts.SynthesizeStream):
         self._opts = replace(tts.options)  # before the framework starts _run
         super().__init__(tts=tts, conn_options=conn_options)
         self._tts: TTS = tts
+        self.worker_done: Done | None = None  # the worker's `done` once spoken: `.stats.served_by` names the worker
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
         output_emitter.initialize(request_id=utils.shortuuid(), sample_rate=SAMPLE_RATE, num_channels=NUM_CHANNELS,
@@ -340,6 +343,7 @@ class SynthesizeStream(tts.SynthesizeStream):
             if speech.opened is None:
                 return  # an empty turn: no context was opened
             await speech.drain()
+            self.worker_done = speech.utterance.done if speech.utterance else None
             output_emitter.end_segment()
 
         tasks = [asyncio.create_task(forward_text(), name="voicering-tts-text"),

@@ -337,24 +337,27 @@ async def _speak(client, what: str, path: str, out_dir: Path, max_tokens: int | 
 
 
 async def _livekit_line(gateway_url: str, api_key: str, out_dir: Path, max_tokens: int | None) -> Line:
-    from gateway.livekit import TTS
-    from gateway.livekit.transport import GatewayTransport
-    from gpu_worker.protocol import UtteranceOptions
+    from livekit.plugins import voicering
+
     from gpu_worker.wav import write_wav
 
-    plugin = TTS(voice=VOICE, transport=GatewayTransport(gateway_url, api_key), options=UtteranceOptions(seed=7, max_tokens=max_tokens))
+    plugin = voicering.TTS(voice=VOICE, transport=voicering.GatewayTransport(gateway_url, api_key),
+                           options=voicering.UtteranceOptions(seed=7, max_tokens=max_tokens))
     began, first, pcm = time.perf_counter(), None, bytearray()
     try:
-        async for event in plugin.synthesize(LINES["livekit"]):
+        speech = plugin.synthesize(LINES["livekit"])
+        async for event in speech:
             first = first or time.perf_counter()
             pcm += bytes(event.frame.data)
     finally:
         await plugin.aclose()
+    stats = speech.worker_done.stats if speech.worker_done else None
     wall = time.perf_counter() - began
     wav = out_dir / "demo-livekit.wav"
     write_wav(wav, bytes(pcm))
     return Line("livekit", "LiveKit plugin -> gateway websocket", wav, ((first or began) - began) * 1000,
-                len(pcm) / (2 * SAMPLE_RATE), wall)
+                len(pcm) / (2 * SAMPLE_RATE), wall, stats.served_by if stats and stats.served_by else "?",
+                bool(stats and stats.proxied))
 
 
 def _report(lines: list[Line], out_dir: Path, stand_in: bool, seconds: float) -> None:

@@ -30,6 +30,8 @@ def test_the_demo_runs_the_platform_s_day_and_reports_every_line(stand_in, tmp_p
     owner = lines["owner"]["served_by"]
     assert owner in ("up-worker-0", "up-worker-1") and lines["owner"]["proxied"] is False
     assert lines["proxied"]["served_by"] == owner and lines["proxied"]["proxied"] is True
+    # the plugin's line (from livekit.plugins import voicering) names the worker that spoke it
+    assert lines["livekit"]["served_by"] == owner and lines["livekit"]["proxied"] is False
     # two owners now: the platform gateway's pool picks either (two random choices), and the pinned
     # gateway's worker, the new owner, serves the voice itself; neither line takes a hop
     other = ({"up-worker-0", "up-worker-1"} - {owner}).pop()
