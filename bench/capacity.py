@@ -325,7 +325,7 @@ async def _measure(worker, pool: Sequence[str], opts: CapacityOptions) -> dict:
 def _prepare(opts: CapacityOptions, work: Path) -> tuple[str, str, Path, list[str]]:
     """Weights and a voice store whose LoRA voices form the pool (the tiny stand-in by default)."""
     from bench.worker import derive_voice
-    from gpu_worker.stand_in import build_stand_in
+    from bench.weights import bench_stand_in
 
     if opts.model:
         if not (opts.codec and opts.voices_dir):
@@ -335,7 +335,7 @@ def _prepare(opts: CapacityOptions, work: Path) -> tuple[str, str, Path, list[st
         if len(pool) < 1:
             raise ValueError(f"{store} holds no LoRA voices")
         return opts.model, opts.codec, store, pool
-    stand_in = build_stand_in(CACHE / "stand-in", voices=2)
+    stand_in = bench_stand_in()
     store = work / "voices"
     pool = [f"pool{i:02d}" for i in range(opts.pool)]
     for i, name in enumerate(pool):

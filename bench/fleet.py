@@ -357,11 +357,11 @@ def worker_env(prefix: str) -> dict[str, str]:
 
 def run(run_s: float = RUN_S, streams: int = STREAMS) -> dict:
     from gpu_worker.process import spawn_worker
-    from gpu_worker.stand_in import build_stand_in
+    from bench.weights import bench_stand_in
     from hashring.embedded import EmbeddedRedis
 
     started = time.perf_counter()
-    stand_in = build_stand_in(CACHE / "stand-in", voices=2)
+    stand_in = bench_stand_in()
     store = WORK / "voices"
     publish_voices(stand_in.voice("tara"), store)
     prefix = f"bench:fleet:{os.getpid()}"

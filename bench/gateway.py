@@ -212,12 +212,12 @@ async def _auth_us(redis_url: str, tenant_prefix: str, calls: int = 300) -> tupl
 
 def run(rounds: int = 8, max_tokens: int = 7 * 4 + 1, concurrent: int = 32) -> dict:
     from gpu_worker.process import free_port, spawn_worker
-    from gpu_worker.stand_in import build_stand_in
+    from bench.weights import bench_stand_in
     from hashring.embedded import EmbeddedRedis
 
     started = time.perf_counter()
     WORK.mkdir(parents=True, exist_ok=True)
-    stand_in = build_stand_in(CACHE / "stand-in", voices=2)
+    stand_in = bench_stand_in()
     prefix, tenant_prefix = f"bench:gw:{os.getpid()}", f"bench:gw-tenants:{os.getpid()}"
     with EmbeddedRedis() as redis:
         worker = spawn_worker(["--model", str(stand_in.model), "--codec", str(stand_in.codec), "--voices-dir",

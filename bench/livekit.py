@@ -285,11 +285,11 @@ async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sente
 def run(rounds: int = 10, first_sentence_rounds: int = 3, interrupts: int = 5) -> dict:
     from gpu_worker.adapters import publish_adapter
     from gpu_worker.process import spawn_worker
-    from gpu_worker.stand_in import build_stand_in
+    from bench.weights import bench_stand_in
     from hashring.embedded import EmbeddedRedis
 
     started = time.perf_counter()
-    stand_in = build_stand_in(CACHE / "stand-in", voices=2)
+    stand_in = bench_stand_in()
     store = WORK / "voices"
     if not (store / VOICE).exists():
         publish_adapter(stand_in.voice(VOICE), store, VOICE)

@@ -381,12 +381,12 @@ def _publish_voices(stand_in, store: Path) -> None:
 
 def run(rounds: int = 10, max_tokens: int = 7 * 6 + 1, after_requests: int = 10) -> dict:
     from gpu_worker.process import spawn_worker
-    from gpu_worker.stand_in import build_stand_in
+    from bench.weights import bench_stand_in
     from hashring.embedded import EmbeddedRedis
 
     started = time.perf_counter()
     load_at_start = round(os.getloadavg()[0], 2)
-    stand_in = build_stand_in(CACHE / "stand-in", voices=2)
+    stand_in = bench_stand_in()
     store = WORK / "voices"
     _publish_voices(stand_in, store)
     prefix = f"bench:proxy:{os.getpid()}"

@@ -319,10 +319,10 @@ async def _main(rounds: int, max_tokens: int, ttfb_rounds: int) -> dict:
     from gpu_worker.adapters import AdapterStore
     from gpu_worker.codec import SnacCodec, set_cpu_threads
     from gpu_worker.engine import EngineSettings, SamplingOptions, SpeechEngine
-    from gpu_worker.stand_in import build_stand_in
+    from bench.weights import bench_stand_in
 
     started = time.perf_counter()
-    stand_in = build_stand_in(CACHE / "stand-in", voices=2)
+    stand_in = bench_stand_in()
     store_dir = CACHE / "bench-worker" / "voices"
     for name in ("tara", "leo"):
         if not (store_dir / name).exists():

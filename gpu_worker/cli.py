@@ -16,14 +16,19 @@ def tiny_model(
     force: bool = typer.Option(False, "--force", help="Rebuild even if a complete copy exists."),
     shape: str = typer.Option("tiny", "--shape", help="tiny (2 layers, for CPU tests) or orpheus-3b (Llama-3.2-3B's "
                                                       "exact shape, ~6.6 GB of bf16 shards, rank-32 voices)."),
+    codec: str | None = typer.Option(None, "--codec", help="small (narrow SNAC, the tiny shape's default) or "
+                                                           "snac-24khz (the published SNAC shape, orpheus-3b's default)."),
 ) -> None:
     """Write stand-in weights offline: Orpheus-vocab Llama (tiny or full-size), tokenizer, random SNAC, LoRA voices."""
-    from gpu_worker.stand_in import SHAPES, build_stand_in
+    from gpu_worker.stand_in import CODECS, SHAPES, build_stand_in
 
     if shape not in SHAPES:
         typer.echo(f"error: unknown shape {shape!r}; choose one of {', '.join(SHAPES)}", err=True)
         raise typer.Exit(2)
-    paths = build_stand_in(directory, voices=voices, force=force, shape=shape)  # type: ignore[arg-type]
+    if codec is not None and codec not in CODECS:
+        typer.echo(f"error: unknown codec {codec!r}; choose one of {', '.join(CODECS)}", err=True)
+        raise typer.Exit(2)
+    paths = build_stand_in(directory, voices=voices, force=force, shape=shape, codec=codec)  # type: ignore[arg-type]
     typer.echo(json.dumps({"model": str(paths.model), "codec": str(paths.codec), "voices_dir": str(paths.voices),
                            "voices": sorted(p.name for p in paths.voices.iterdir()) if paths.voices.exists() else []}))
 

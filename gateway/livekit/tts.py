@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from livekit.agents import APIConnectionError, APIConnectOptions, APIError, APIStatusError, APITimeoutError, tts, utils
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS
 
-from gateway.livekit.log import logger
+from gateway.livekit.log import logger as log  # livekit.plugins.voicering
 from gateway.livekit.sentences import DEFAULT_MIN_SENTENCE_CHARS, SentenceSplitter
 from gateway.livekit.transport import Opened, PoolTransport, Transport, Utterance
 from gpu_worker.client import WorkerRequestError
@@ -53,8 +53,6 @@ from hashring.records import check_voice_id
 from hashring.settings import RingSettings
 
 __all__ = ["NUM_CHANNELS", "SAMPLE_RATE", "ChunkedStream", "SynthesizeStream", "TTS", "TTSOptions", "api_error"]
-
-log = logger  # livekit.plugins.voicering
 
 SAMPLE_RATE = 24000  # what every worker sends: 24 kHz mono s16le (docs/protocol.md)
 NUM_CHANNELS = 1
@@ -212,6 +210,11 @@ class _Speech:
     def utterance(self) -> Utterance | None:
         return self.opened.utterance if self.opened else None
 
+    @property
+    def done(self) -> Done | None:
+        """The worker's `done` once the utterance completed."""
+        return self.opened.utterance.done if self.opened else None
+
     async def open(self, text: str) -> Opened:
         try:
             async with asyncio.timeout(self._conn_options.timeout or None):
@@ -290,7 +293,7 @@ class ChunkedStream(tts.ChunkedStream):
             self._acquire_time, self._connection_reused = opened.acquire_s, opened.connection_reused
             await speech.end()
             await speech.drain()
-            self.worker_done = speech.utterance.done if speech.utterance else None
+            self.worker_done = speech.done
         finally:
             await speech.aclose()
 
@@ -343,7 +346,7 @@ class SynthesizeStream(tts.SynthesizeStream):
             if speech.opened is None:
                 return  # an empty turn: no context was opened
             await speech.drain()
-            self.worker_done = speech.utterance.done if speech.utterance else None
+            self.worker_done = speech.done
             output_emitter.end_segment()
 
         tasks = [asyncio.create_task(forward_text(), name="voicering-tts-text"),

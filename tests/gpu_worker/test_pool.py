@@ -37,6 +37,10 @@ from hashring.settings import RetryPolicy, RingSettings
 from hashring.store import RingStore
 from tests.fixtures.models import REPO
 
+# a real worker under a loaded 2-core CI box can take over 1 s to its first audio: the first-audio
+# clock the tests set must be one a healthy worker always beats there, or it ejects the live worker too
+FIRST_AUDIO_S = 3.0
+
 VNODES = 64
 
 
@@ -267,18 +271,18 @@ async def test_a_peer_that_takes_the_start_and_never_answers_is_timed_out_ejecte
     cancelled there, the peer ejected, and the utterance speaks on the next owner, whole."""
     live = "live"
     (hung_id,) = ids_with_owners([live], ["hung"], {"tara": "hung"})
-    settings = PoolSettings(first_audio_timeout_s=1.0, max_ejected_share=0.5)
+    settings = PoolSettings(first_audio_timeout_s=FIRST_AUDIO_S, max_ejected_share=0.5)
     async with hung_server() as (hung_url, received):
         peers = {live: worker.url, hung_id: hung_url}
         async with ring_of(redis_url, peers) as (watcher, ring, _), WorkerPool(RingRouter(watcher, ring), settings) as pool:
             stream = await pool.start("tara", "Anyone there?", options=fast(4))
             assert stream.worker_id == hung_id
-            await asyncio.sleep(1.5)  # not asked to speak yet: no clock runs (text may still be coming)
+            await asyncio.sleep(FIRST_AUDIO_S + 0.5)  # not asked to speak yet: no clock runs (text may still be coming)
             assert pool.ejected() == set()
             began = time.monotonic()
             await stream.end()
             pcm = b"".join([chunk async for chunk in stream.audio()])
-            assert 1.0 <= time.monotonic() - began < 15
+            assert FIRST_AUDIO_S <= time.monotonic() - began < 20
             assert stream.worker_id == live and stream.attempts == 2 and stream.done.reason == "completed"
             assert len(pcm) == pcm_bytes(2)
             assert [m["type"] for m in received] == ["start", "end", "cancel"]  # the hung try was cancelled there
@@ -294,7 +298,7 @@ async def test_a_flush_with_nothing_to_say_starts_no_first_audio_clock(worker):
     """A caller that opens an utterance and flushes nothing (empty start, empty flushes) has asked
     for no audio: the worker is not hung and must not be ejected for it (issue 19: a tenant could
     otherwise get a worker of the shared fleet ejected at will). Text, then a flush, starts the clock."""
-    async with WorkerPool.static([worker.url], PoolSettings(first_audio_timeout_s=1.0)) as pool:
+    async with WorkerPool.static([worker.url], PoolSettings(first_audio_timeout_s=FIRST_AUDIO_S)) as pool:
         stream = await pool.start("tara", "", options=fast(6))
         for _ in range(3):
             await stream.flush()
@@ -302,7 +306,7 @@ async def test_a_flush_with_nothing_to_say_starts_no_first_audio_clock(worker):
         await stream.flush()
         audio = stream.audio()
         with pytest.raises(TimeoutError):  # nothing comes, and nothing times the worker out
-            await asyncio.wait_for(anext(audio), 2.5)
+            await asyncio.wait_for(anext(audio), FIRST_AUDIO_S + 1.5)
         assert pool.ejected() == set() and stream.attempts == 1
         await stream.push("Now something.")
         await stream.end()

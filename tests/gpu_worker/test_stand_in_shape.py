@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
 from gpu_worker.adapters import LORA_TARGET_MODULES, validate_adapter
 from gpu_worker.adapters.validation import read_safetensors_header
 from gpu_worker.orpheus import VOCAB_SIZE
-from gpu_worker.stand_in import ORPHEUS_3B, SHAPES, build_stand_in, write_lora, write_sharded_llama
+from gpu_worker.stand_in import (CODECS, ORPHEUS_3B, SHAPES, SNAC_24KHZ_CONFIG, SNAC_SMALL_CONFIG, build_snac,
+                                 build_stand_in, write_lora, write_sharded_llama)
 
 SMALL = replace(ORPHEUS_3B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16)
@@ -109,3 +111,25 @@ def test_unknown_shape_is_refused(tmp_path):
     assert SHAPES == ("tiny", "orpheus-3b")
     with pytest.raises(ValueError, match="orpheus-3b"):
         build_stand_in(tmp_path, shape="orpheus-8b")  # type: ignore[arg-type]
+
+
+def test_the_tiny_stand_in_s_small_codec_keeps_the_published_interface(stand_in, codec):
+    """The suite's codec is narrow, but every rate, stride and code book is the published one: the
+    same frames decode to the same number of samples, and encoding gives codes the decoder reads."""
+    from gpu_worker.orpheus import SAMPLES_PER_FRAME, Frame
+
+    config = json.loads((stand_in.codec / "config.json").read_text())
+    assert config == SNAC_SMALL_CONFIG and CODECS["small"] is SNAC_SMALL_CONFIG
+    interface = ("sampling_rate", "encoder_rates", "decoder_rates", "codebook_size", "codebook_dim", "vq_strides")
+    assert {k: config[k] for k in interface} == {k: SNAC_24KHZ_CONFIG[k] for k in interface}
+    assert (config["decoder_dim"], config["encoder_dim"]) < (SNAC_24KHZ_CONFIG["decoder_dim"], SNAC_24KHZ_CONFIG["encoder_dim"])
+    frames = [Frame(i, (i + 1, 4095), (0, 7, 4094, i)) for i in range(5)]
+    audio = codec.decode_frames(frames)
+    assert audio.shape == (5 * SAMPLES_PER_FRAME,) and np.isfinite(audio).all() and np.abs(audio).max() > 0
+
+
+def test_the_codec_follows_the_shape_unless_asked(tmp_path):
+    with pytest.raises(ValueError, match="snac-24khz"):
+        build_stand_in(tmp_path, codec="large")  # type: ignore[arg-type]
+    build_snac(tmp_path / "published", codec="snac-24khz")
+    assert json.loads((tmp_path / "published" / "config.json").read_text()) == SNAC_24KHZ_CONFIG

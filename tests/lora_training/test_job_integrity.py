@@ -157,8 +157,10 @@ class RecordingWorker(TrainWorker):
 
 
 def _worker_settings(train_settings, prefix: str, tmp_path, **extra):
+    # the lease renews from a thread beside training in this (loaded) process: 1.5 s leases were lost
+    # mid-run on CI's 2 cores, and the job re-ran until it gave up; 6 s still re-delivers in seconds
     return train_settings.model_copy(update={
-        "queue_prefix": prefix, "consumer": "t", "lease_ms": 1500, "claim_idle_ms": 1500, "block_ms": 100,
+        "queue_prefix": prefix, "consumer": "t", "lease_ms": 6000, "claim_idle_ms": 6000, "block_ms": 100,
         "retry_max_s": 0.5, "adapter_store": tmp_path / "store", **extra})
 
 
