@@ -20,14 +20,13 @@ def tiny_model(
                                                            "snac-24khz (the published SNAC shape, orpheus-3b's default)."),
 ) -> None:
     """Write stand-in weights offline: Orpheus-vocab Llama (tiny or full-size), tokenizer, random SNAC, LoRA voices."""
-    from gpu_worker.stand_in import CODECS, SHAPES, build_stand_in
+    from gpu_worker.stand_in import build_stand_in, stand_in_codec
 
-    if shape not in SHAPES:
-        typer.echo(f"error: unknown shape {shape!r}; choose one of {', '.join(SHAPES)}", err=True)
-        raise typer.Exit(2)
-    if codec is not None and codec not in CODECS:
-        typer.echo(f"error: unknown codec {codec!r}; choose one of {', '.join(CODECS)}", err=True)
-        raise typer.Exit(2)
+    try:
+        codec = stand_in_codec(shape, codec)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     paths = build_stand_in(directory, voices=voices, force=force, shape=shape, codec=codec)  # type: ignore[arg-type]
     typer.echo(json.dumps({"model": str(paths.model), "codec": str(paths.codec), "voices_dir": str(paths.voices),
                            "voices": sorted(p.name for p in paths.voices.iterdir()) if paths.voices.exists() else []}))

@@ -388,17 +388,24 @@ def voice_names(count: int) -> list[str]:
     return [VOICE_NAMES[i] if i < len(VOICE_NAMES) else f"voice{i}" for i in range(count)]
 
 
+def stand_in_codec(shape: str, codec: str | None) -> CodecName:
+    """The codec a stand-in of ``shape`` gets (``small`` for tiny, ``snac-24khz`` for the full
+    size, unless ``codec`` is given); ValueError names the choices for an unknown shape or codec."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown stand-in shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    codec = codec or ("small" if shape == "tiny" else "snac-24khz")
+    if codec not in CODECS:
+        raise ValueError(f"unknown stand-in codec {codec!r}; choose one of {', '.join(CODECS)}")
+    return codec  # type: ignore[return-value]
+
+
 def build_stand_in(root: Path, *, voices: int = 2, seed: int = 0, force: bool = False,
                    shape: ShapeName = "tiny", codec: CodecName | None = None) -> StandInPaths:
     """Write (or reuse, when already complete with the same settings) the stand-in models under root.
 
     ``shape="orpheus-3b"`` writes the full-size model (~6.6 GB of bf16 shards) and rank-32 voices.
     ``codec``: ``small`` for the tiny shape and ``snac-24khz`` for the full one unless given."""
-    if shape not in SHAPES:
-        raise ValueError(f"unknown stand-in shape {shape!r}; choose one of {', '.join(SHAPES)}")
-    codec = codec or ("small" if shape == "tiny" else "snac-24khz")
-    if codec not in CODECS:
-        raise ValueError(f"unknown stand-in codec {codec!r}; choose one of {', '.join(CODECS)}")
+    codec = stand_in_codec(shape, codec)
     paths = StandInPaths(Path(root))
     wanted = {"version": STAND_IN_VERSION, "voices": voice_names(voices), "seed": seed, "codec": codec}
     if shape != "tiny":

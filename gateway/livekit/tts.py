@@ -213,7 +213,8 @@ class _Speech:
     @property
     def done(self) -> Done | None:
         """The worker's `done` once the utterance completed."""
-        return self.opened.utterance.done if self.opened else None
+        utterance = self.utterance
+        return utterance.done if utterance else None
 
     async def open(self, text: str) -> Opened:
         try:

@@ -126,6 +126,9 @@ def test_the_tiny_stand_in_s_small_codec_keeps_the_published_interface(stand_in,
     frames = [Frame(i, (i + 1, 4095), (0, 7, 4094, i)) for i in range(5)]
     audio = codec.decode_frames(frames)
     assert audio.shape == (5 * SAMPLES_PER_FRAME,) and np.isfinite(audio).all() and np.abs(audio).max() > 0
+    encoded = codec.encode(audio)  # what the trainer's SNAC-codes step does to a creator's clip
+    assert len(encoded) == 5 and all(0 <= c < 4096 for f in encoded for c in f.slot_codes())
+    assert codec.decode_frames(encoded).shape == audio.shape
 
 
 def test_the_codec_follows_the_shape_unless_asked(tmp_path):
