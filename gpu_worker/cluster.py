@@ -66,7 +66,8 @@ async def join_cluster(settings: WorkerSettings, load: Callable[[], int],
     ring_settings = RingSettings.from_env(redis_url=settings.redis_url, prefix=settings.ring_prefix)  # + cadence
     async with AsyncExitStack() as stack:
         store = await stack.enter_async_context(RingStore(ring_settings))
-        heartbeat = await stack.enter_async_context(Heartbeat(store, worker_info(settings), load=load))
+        heartbeat = await stack.enter_async_context(Heartbeat(
+            store, worker_info(settings), load=load, resident=None if adapters is None else lambda: adapters.resident))
         watcher = await stack.enter_async_context(RingWatcher(store))
         pool = await stack.enter_async_context(
             WorkerPool(RingRouter(watcher, ring_settings), PoolSettings(address="proxy_url", token=settings.cluster_token,

@@ -468,9 +468,9 @@ class WorkerServer:
         if reason is not None:
             if self.deps.metrics is not None:
                 self.deps.metrics.rejected.labels(reason).inc()
-            if reason == "share" and start.placed and self.heat is not None:  # the pool must go past the owners
-                with contextlib.suppress(InvalidVoiceId):
-                    self.heat.spilled(start.voice)
+            if self.heat is not None:  # per voice, for operators; a share refusal also raises its replicas
+                with contextlib.suppress(InvalidVoiceId):  # (the pool must go past the owners)
+                    self.heat.refused(start.voice, raise_replicas=reason == "share" and start.placed)
             raise Busy(message)
         if relay:
             self.relayed += 1

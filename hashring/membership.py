@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from hashring.errors import RingError, RingUnavailable
 from hashring.records import RingView, Snapshot, WorkerInfo
@@ -103,12 +103,18 @@ async def _stop(task: asyncio.Task[None]) -> None:
 
 
 class Heartbeat:
-    """Keeps one worker registered and alive. `async with Heartbeat(store, info, load=fn):`"""
+    """Keeps one worker registered and alive. `async with Heartbeat(store, info, load=fn):`
 
-    def __init__(self, store: RingStore, info: WorkerInfo, *, load: Callable[[], int] = _no_load) -> None:
+    ``resident``: the voices whose adapters the worker holds, oldest first; a beat sends the list
+    only when it changed since the last beat Redis took (operators read it in `voicering status`)."""
+
+    def __init__(self, store: RingStore, info: WorkerInfo, *, load: Callable[[], int] = _no_load,
+                 resident: Callable[[], Sequence[str]] | None = None) -> None:
         self._store = store
         self._info = info
         self._load = load
+        self._resident = resident
+        self._listed: tuple[str, ...] | None = None  # what Redis holds for us (None: nothing yet)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._streak = _Streak(f"worker {info.id} heartbeat")
@@ -125,6 +131,7 @@ class Heartbeat:
     async def start(self) -> int:
         """Register (retrying with backoff) and start heartbeating; returns the epoch."""
         epoch = await self._store.register(self._info)
+        self._listed = None  # a registration clears the list
         self._closing = False
         self._task = asyncio.create_task(self._run(), name=f"ring-heartbeat:{self._info.id}")
         self._task.add_done_callback(_report_end(lambda: self._closing))
@@ -172,9 +179,13 @@ class Heartbeat:
                 log.warning("worker %s heartbeat ran %.1f s late (event loop blocked or starved); a worker "
                             "silent for %.1f s leaves the ring", wid, late, ttl, extra={"late_s": round(late, 2)})
             try:
-                if await self._store.heartbeat(wid, self._load()) < 0:
+                resident = None if self._resident is None else tuple(self._resident())
+                if await self._store.heartbeat(wid, self._load(), None if resident == self._listed else resident) < 0:
                     log.warning("Redis does not know worker %s (restarted empty?); registering again", wid)
+                    self._listed = None
                     await self._store.register(self._info)
+                else:
+                    self._listed = resident
             except asyncio.CancelledError:
                 if self._closing or not _stray_cancel():
                     raise

@@ -160,9 +160,17 @@ class ReplicaControl:
 
     async def spilled(self, counts: Mapping[str, int]) -> None:
         """Report requests that landed past their voice's owners; the next `cool` raises those voices."""
-        for voice in counts:
-            check_voice_id(voice)
-        await self._store.add_spills(dict(counts))
+        await self.report(counts, spills=counts)
+
+    async def report(self, signals: Mapping[str, int], *, spills: Mapping[str, int] | None = None,
+                     refusals: Mapping[str, int] | None = None) -> None:
+        """Report what happened to starts: ``signals`` raise those voices at the next `cool` (a
+        spill, or an owner's share refusal); ``spills`` (served past the owners) and ``refusals``
+        (refused by a worker) are counted per voice for the operators' view."""
+        for counts in (signals, spills or {}, refusals or {}):
+            for voice in counts:
+                check_voice_id(voice)
+        await self._store.add_outcomes(signals, spills, refusals)
 
     async def cool(self) -> dict[str, int]:
         """Re-size every voice that is hot, warming up or spilled, by its share of the fleet's load;
@@ -215,7 +223,7 @@ class ReplicaControl:
 class HeatRecorder:
     """Counts requests (and spills) per voice for the autoscaler off the request path.
 
-    `record(voice)` and `spilled(voice)` are synchronous and never touch Redis: they add to
+    `record(voice)`, `spilled(voice)` and `refused(voice)` are synchronous and never touch Redis: they add to
     in-memory counts. One
     task (this object's) flushes the counts every `flush_interval_s` with one
     `ReplicaControl.record(voice, n)` per voice; `aclose()` stops it and flushes what is left.
@@ -232,7 +240,9 @@ class HeatRecorder:
         self.flush_interval_s = flush_interval_s
         self.max_voices = max_voices
         self._pending: Counter[str] = Counter()
-        self._spills: Counter[str] = Counter()
+        self._signals: Counter[str] = Counter()  # raise the voice at the next cool
+        self._spills: Counter[str] = Counter()  # served past its owners
+        self._refusals: Counter[str] = Counter()  # refused by this worker
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._streak = _Streak("request-rate flush to Redis (counts of failed flushes are dropped)")
@@ -240,6 +250,7 @@ class HeatRecorder:
         self.flushes = 0  # flushes that wrote at least one voice
         self.dropped = 0  # requests not counted: over max_voices, or lost with a failed flush
         self.spills = 0  # spills reported to Redis
+        self.refusals = 0  # refusals reported to Redis
 
     @property
     def pending(self) -> int:
@@ -263,8 +274,20 @@ class HeatRecorder:
         """Note that a request for `voice` landed on a worker outside its owners (flushed with the
         counts; the cool loop raises the voice's replicas on its next tick)."""
         check_voice_id(voice)
-        if voice in self._spills or len(self._spills) < self.max_voices:
-            self._spills[voice] += count
+        self._add(self._signals, voice, count)
+        self._add(self._spills, voice, count)
+
+    def refused(self, voice: str, count: int = 1, *, raise_replicas: bool = False) -> None:
+        """Note that this worker refused a start for `voice`; ``raise_replicas``: it was an owner
+        refusing for its share of the fleet, so the cool loop raises the voice as for a spill."""
+        check_voice_id(voice)
+        if raise_replicas:
+            self._add(self._signals, voice, count)
+        self._add(self._refusals, voice, count)
+
+    def _add(self, counts: Counter[str], voice: str, count: int) -> None:
+        if voice in counts or len(counts) < self.max_voices:
+            counts[voice] += count
 
     async def start(self) -> None:
         self._closing = False
@@ -273,12 +296,14 @@ class HeatRecorder:
     async def flush(self) -> None:
         """Write the pending counts now (one attempt per voice; the rest is dropped on a failure)."""
         batch, self._pending = self._pending, Counter()
-        spills, self._spills = self._spills, Counter()
+        signals, spills, refusals = self._signals, self._spills, self._refusals
+        self._signals, self._spills, self._refusals = Counter(), Counter(), Counter()
         written = 0
         try:
-            if spills:
-                await self._control.spilled(spills)
+            if signals or spills or refusals:
+                await self._control.report(signals, spills=spills, refusals=refusals)
                 self.spills += sum(spills.values())
+                self.refusals += sum(refusals.values())
             for voice, count in batch.items():
                 await self._control.record(voice, count)
                 written += count

@@ -24,6 +24,12 @@ Key layout (P = settings.prefix, "voicering:ring" by default):
                            fast counter value from which a voice is flagged warm
     P:warm         set     voices whose fast counter passed warm_at since the cool loop last looked
     P:spills       hash    voice id -> requests that landed past its owners since the cool loop last looked
+    P:voices       zset    voice id -> when it was last requested (Redis time): the index `voicering status`
+                           ranks voices from; requests older than the heat TTL and the oldest past
+                           MAX_INDEXED_VOICES drop out
+    P:outcome:<hex> hash   decayed (short window) counts of one voice's starts that were served past its
+                           owners (spill) or refused by a worker (refusal), and since; with a TTL
+    P:resident     hash    worker id -> JSON list of the voices whose adapters it holds, from its heartbeats
     P:lock:<name>  string  a lease (`acquire_lock`): the holder's random token, with a PX expiry;
                            "cool" is the autoscaler's, so one process of the fleet cools at a time
     P:presence     zset    "<kind>/<id>" of a gateway or agent server -> its last presence beat (Redis
@@ -44,12 +50,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import random
 import re
 import secrets
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -67,6 +74,8 @@ __all__ = ["RingStore", "Subscription", "rate_of", "redact_url"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_WARM = 10_000  # voices flagged warm between two cool-loop ticks, at most (bounded memory)
+MAX_INDEXED_VOICES = 10_000  # voices in the request index (P:voices), newest kept
+MAX_RESIDENT_LISTED = 512  # voices one worker lists as resident (its newest), at most 128 KiB of ids
 # A gap with no membership script (heartbeat, register, snapshot) longer than this share of the
 # heartbeat TTL counts as an outage and stops the ring clock: live workers heartbeat every interval
 # and readers refresh every refresh interval, so only an outage (or a fleet with no process at all)
@@ -102,9 +111,11 @@ end
 # it is also looked for after a '-'.
 _TRANSIENT = re.compile(r"(?:^|-)(OOM|READONLY|LOADING|BUSY|MASTERDOWN|NOREPLICAS|MISCONF|TRYAGAIN|CLUSTERDOWN)\b")
 
-# KEYS: workers heartbeats live load epoch draining self_draining clock   ARGV: id json channel outage_gap_s
+# KEYS: workers heartbeats live load epoch draining self_draining clock resident   ARGV: id json channel outage_gap_s
+# A new registration holds no adapters yet: its heartbeats list them again.
 _REGISTER = _NOW + _RING_TIME + """
 now = ring_time(KEYS[8], now, tonumber(ARGV[4]), '')
+redis.call('HDEL', KEYS[9], ARGV[1])
 if redis.call('SREM', KEYS[7], ARGV[1]) == 1 then redis.call('SREM', KEYS[6], ARGV[1]) end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[2], now, ARGV[1])
@@ -112,35 +123,42 @@ redis.call('SADD', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], 0)
 """ + _BUMP.format(epoch=5, channel=3) + "return e"
 
-# KEYS: workers heartbeats live load epoch clock   ARGV: id load channel outage_gap_s
+# KEYS: workers heartbeats live load epoch clock resident   ARGV: id load channel outage_gap_s resident_json
 # Returns -1 if the worker is not registered (Redis lost its data, or it was forgotten),
-# the new epoch if it came back to life, else 0.
+# the new epoch if it came back to life, else 0. resident_json '' leaves the listed adapters as they are.
 _HEARTBEAT = _NOW + _RING_TIME + """
 now = ring_time(KEYS[6], now, tonumber(ARGV[4]), '')
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[7], ARGV[1], ARGV[5]) end
 if redis.call('SADD', KEYS[3], ARGV[1]) == 1 then
 """ + _BUMP.format(epoch=5, channel=3) + """
   return e
 end
 return 0"""
 
-# KEYS: workers heartbeats live load epoch draining   ARGV: id channel
+# KEYS: workers heartbeats live load epoch draining self_draining resident   ARGV: id channel
+# A clean leave (a rollout, `kubectl delete pod`) forgets the worker's own shutdown drain but not an
+# operator's: that stays in `draining` until `voicering ring undrain`, so the pod comes back drained.
 _DEREGISTER = """
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return -1 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('SREM', KEYS[6], ARGV[1])
-redis.call('SREM', KEYS[7], ARGV[1])
+redis.call('HDEL', KEYS[8], ARGV[1])
+if redis.call('SREM', KEYS[7], ARGV[1]) == 1 then redis.call('SREM', KEYS[6], ARGV[1]) end
 """ + _BUMP.format(epoch=5, channel=2) + "return e"
 
 # KEYS: workers draining epoch self_draining   ARGV: id flag(1|0) channel own(1|0)
 # A worker's own drain (on shutdown) is marked as its own only if it started it; an operator's
 # drain or undrain always clears that mark, so the operator's intent is what survives a restart.
+# An operator's drain outlives the worker's record (a clean leave keeps it), so undrain also works
+# on a worker that is not registered now, as long as it is still listed as drained.
 _DRAIN = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 and (ARGV[2] == '1' or redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 0) then
+  return -1
+end
 local changed
 if ARGV[2] == '1' then
   changed = redis.call('SADD', KEYS[2], ARGV[1])
@@ -175,9 +193,10 @@ local function decayed(cur, now, slow_h, fast_h)
 end
 """
 
-# KEYS: heat auto fleet warm   ARGV: voice count slow_h ttl_ms fast_h max_warm
+# KEYS: heat auto fleet warm voices   ARGV: voice count slow_h ttl_ms fast_h max_warm max_indexed
 # Adds `count` to the voice's counters and to the fleet's (hash fields slow, fast, since); flags
-# the voice in `warm` (for the cool loop) once its fast counter reaches the fleet's `warm_at`.
+# the voice in `warm` (for the cool loop) once its fast counter reaches the fleet's `warm_at`; and
+# stamps it in the request index (those past the TTL, then the oldest past max_indexed, drop out).
 # Returns {slow, fast, auto replicas or ''}.
 _HEAT = _NOW + _DECAY + """
 local n, slow_h, fast_h = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
@@ -192,6 +211,10 @@ redis.call('HSET', KEYS[3], 'slow', string.format('%.6f', fs + n), 'since', stri
 if fast >= tonumber(f[4] or '0') and redis.call('SCARD', KEYS[4]) < tonumber(ARGV[6]) then
   redis.call('SADD', KEYS[4], ARGV[1])
 end
+redis.call('ZADD', KEYS[5], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', string.format('(%.6f', now - tonumber(ARGV[4]) / 1000))
+local extra = redis.call('ZCARD', KEYS[5]) - tonumber(ARGV[7])
+if extra > 0 then redis.call('ZREMRANGEBYRANK', KEYS[5], 0, extra - 1) end
 return {string.format('%.6f', slow), string.format('%.6f', fast), redis.call('HGET', KEYS[2], ARGV[1]) or ''}"""
 
 # KEYS: fleet heat keys...   ARGV: slow_h fast_h
@@ -215,10 +238,37 @@ local spills = redis.call('HGETALL', KEYS[2])
 redis.call('DEL', KEYS[1], KEYS[2])
 return {warm, spills}"""
 
-# KEYS: spills   ARGV: voice count voice count ...   (bounded by the caller's batch)
-_ADD_SPILLS = """
-for i = 1, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
+# KEYS: spills outcome...   ARGV: fast_h ttl_ms, then per outcome key: voice signal spill refusal
+# Adds each voice's cool-loop signal to `spills` (taken by the cool loop) and its spills and
+# refusals to its decayed outcome counters (read by `voicering status`, never cleared).
+_ADD_OUTCOMES = _NOW + """
+local fast_h = tonumber(ARGV[1])
+for i = 2, #KEYS do
+  local j = 3 + (i - 2) * 4
+  local signal, spill, refusal = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3])
+  if signal > 0 then redis.call('HINCRBY', KEYS[1], ARGV[j], signal) end
+  if spill + refusal > 0 then
+    local f = redis.call('HMGET', KEYS[i], 'spill', 'refusal', 'since')
+    local k = 0
+    if f[3] then k = math.pow(0.5, math.max(0, now - tonumber(f[3])) / fast_h) end
+    redis.call('HSET', KEYS[i], 'spill', string.format('%.6f', tonumber(f[1] or '0') * k + spill),
+      'refusal', string.format('%.6f', tonumber(f[2] or '0') * k + refusal), 'since', string.format('%.6f', now))
+    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+  end
+end
 return 1"""
+
+# KEYS: outcome...   ARGV: fast_h   Each voice's {spill, refusal} counters, decayed to now.
+_PEEK_OUTCOMES = _NOW + """
+local out = {}
+for i = 1, #KEYS do
+  local f = redis.call('HMGET', KEYS[i], 'spill', 'refusal', 'since')
+  local k = 0
+  if f[3] then k = math.pow(0.5, math.max(0, now - tonumber(f[3])) / tonumber(ARGV[1])) end
+  out[2 * i - 1] = string.format('%.6f', tonumber(f[1] or '0') * k)
+  out[2 * i] = string.format('%.6f', tonumber(f[2] or '0') * k)
+end
+return out"""
 
 # KEYS: lock   ARGV: token ttl_ms   Extends the lease only while `token` still holds it.
 _RENEW_LOCK = """
@@ -258,7 +308,7 @@ end
 return out
 """
 
-# KEYS: workers heartbeats live draining load epoch replicas auto clock
+# KEYS: workers heartbeats live draining load epoch replicas auto clock resident
 # ARGV: ttl_s forget_after_s channel outage_gap_s incarnation_token
 # Reaps workers whose heartbeat is older than the TTL (out of `live`, epoch bumped) and forgets
 # those silent for forget_after_s, both on the ring clock (outages do not count); then returns the
@@ -275,6 +325,7 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('
   redis.call('ZREM', KEYS[2], id)
   redis.call('SREM', KEYS[4], id)
   redis.call('HDEL', KEYS[5], id)
+  redis.call('HDEL', KEYS[10], id)
   changed = true
 end
 local epoch
@@ -316,6 +367,9 @@ class _Keys:
         self.fleet = f"{prefix}:fleet"
         self.warm = f"{prefix}:warm"
         self.spills = f"{prefix}:spills"
+        self.voices = f"{prefix}:voices"
+        self._outcome = f"{prefix}:outcome:"
+        self.resident = f"{prefix}:resident"
         self._lock = f"{prefix}:lock:"
         self.clock = f"{prefix}:clock"  # when Redis last answered, the outages so far, its incarnation
         self.presence = f"{prefix}:presence"
@@ -323,6 +377,9 @@ class _Keys:
 
     def heat(self, voice: str) -> str:
         return self._heat + voice.encode("utf-8").hex()
+
+    def outcome(self, voice: str) -> str:
+        return self._outcome + voice.encode("utf-8").hex()
 
     def lock(self, name: str) -> str:
         return self._lock + name
@@ -371,7 +428,8 @@ class RingStore:
         self._deregister, self._drain = script(_DEREGISTER), script(_DRAIN)
         self._set_field, self._heat = script(_SET_FIELD), script(_HEAT)
         self._peek_heat, self._snapshot = script(_PEEK_HEAT), script(_SNAPSHOT)
-        self._take_signals, self._add_spills = script(_TAKE_SIGNALS), script(_ADD_SPILLS)
+        self._take_signals, self._add_outcomes = script(_TAKE_SIGNALS), script(_ADD_OUTCOMES)
+        self._peek_outcomes = script(_PEEK_OUTCOMES)
         self._renew_lock, self._release_lock = script(_RENEW_LOCK), script(_RELEASE_LOCK)
         self._announce, self._present = script(_ANNOUNCE), script(_PRESENT)
 
@@ -446,22 +504,25 @@ class RingStore:
         its own shutdown and never cleared (it died while draining) does not: it is back."""
         k = self.keys
         return int(await self._write(lambda: self._register(
-            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch, k.draining, k.self_draining, k.clock],
+            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch, k.draining, k.self_draining, k.clock,
+                  k.resident],
             args=[info.id, info.to_json(), k.events, self._outage_gap_s])))
 
-    async def heartbeat(self, worker_id: str, load: int) -> int:
-        """Refresh a worker's heartbeat and load (one attempt). Returns -1 when the worker must
-        register again, the new epoch if it had been reaped, 0 otherwise."""
+    async def heartbeat(self, worker_id: str, load: int, resident: Sequence[str] | None = None) -> int:
+        """Refresh a worker's heartbeat and load (one attempt), and with ``resident`` the voices whose
+        adapters it holds (oldest first; its newest `MAX_RESIDENT_LISTED` are kept; None: unchanged).
+        Returns -1 when the worker must register again, the new epoch if it had been reaped, 0 otherwise."""
         k = self.keys
+        listed = "" if resident is None else json.dumps(list(resident)[-MAX_RESIDENT_LISTED:], separators=(",", ":"))
         return int(await self._call(self._heartbeat(
-            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch, k.clock],
-            args=[worker_id, int(load), k.events, self._outage_gap_s])))
+            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch, k.clock, k.resident],
+            args=[worker_id, int(load), k.events, self._outage_gap_s, listed])))
 
     async def deregister(self, worker_id: str) -> int:
         """Remove a worker now (graceful leave); returns the new epoch."""
         k = self.keys
         epoch = int(await self._write(lambda: self._deregister(
-            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch, k.draining, k.self_draining],
+            keys=[k.workers, k.heartbeats, k.live, k.load, k.epoch, k.draining, k.self_draining, k.resident],
             args=[worker_id, k.events])))
         if epoch < 0:
             raise await self._unknown_worker(worker_id)
@@ -503,8 +564,8 @@ class RingStore:
         s, k = self._settings, self.keys
         ttl_ms = max(1000, int(s.heat_half_life_s * 20 * 1000))  # gone once decayed below 2**-20
         slow, _fast, auto = await self._call(self._heat(
-            keys=[k.heat(voice), k.auto, k.fleet, k.warm],
-            args=[voice, count, s.heat_half_life_s, ttl_ms, s.heat_fast_half_life_s, MAX_WARM]))
+            keys=[k.heat(voice), k.auto, k.fleet, k.warm, k.voices],
+            args=[voice, count, s.heat_half_life_s, ttl_ms, s.heat_fast_half_life_s, MAX_WARM, MAX_INDEXED_VOICES]))
         return float(slow), (int(auto) if auto else None)
 
     async def peek_heat(self, voices: Iterable[str]) -> dict[str, float]:
@@ -522,11 +583,50 @@ class RingStore:
         pairs = [(float(values[i]), float(values[i + 1])) for i in range(0, len(values), 2)]
         return pairs[0], dict(zip(voices, pairs[1:]))
 
-    async def add_spills(self, counts: dict[str, int]) -> None:
-        """Tell the cool loop that requests for these voices landed past their owners (one attempt)."""
-        if counts:
-            args = [x for voice, n in counts.items() for x in (voice, int(n))]
-            await self._call(self._add_spills(keys=[self.keys.spills], args=args))
+    async def add_outcomes(self, signals: Mapping[str, int], spills: Mapping[str, int] | None = None,
+                           refusals: Mapping[str, int] | None = None) -> None:
+        """One attempt to count, per voice: ``signals`` for the cool loop (a start landed past the
+        voice's owners, or an owner refused it for its share: raise its replicas), and in the
+        voice's decayed outcome counters ``spills`` (served past its owners) and ``refusals``."""
+        spills, refusals = spills or {}, refusals or {}
+        voices = sorted(set(signals) | set(spills) | set(refusals))
+        if not voices:
+            return
+        s = self._settings
+        args: list[object] = [s.heat_fast_half_life_s, max(1000, int(s.heat_fast_half_life_s * 20 * 1000))]
+        for v in voices:
+            args += [v, int(signals.get(v, 0)), int(spills.get(v, 0)), int(refusals.get(v, 0))]
+        await self._call(self._add_outcomes(keys=[self.keys.spills, *(self.keys.outcome(v) for v in voices)],
+                                            args=args))
+
+    async def peek_outcomes(self, voices: Iterable[str]) -> dict[str, tuple[float, float]]:
+        """Each voice's (spill, refusal) counters decayed to now, on the short window (one attempt)."""
+        voices = list(voices)
+        if not voices:
+            return {}
+        values = await self._call(self._peek_outcomes(keys=[self.keys.outcome(v) for v in voices],
+                                                      args=[self._settings.heat_fast_half_life_s]))
+        return {v: (float(values[2 * i]), float(values[2 * i + 1])) for i, v in enumerate(voices)}
+
+    async def recent_voices(self, limit: int = MAX_INDEXED_VOICES) -> list[str]:
+        """Voices requested within the heat TTL, most recent first (at most ``limit``)."""
+        raw = await self._call(self._client.zrevrange(self.keys.voices, 0, max(0, limit - 1)))
+        return [_text(v) for v in raw] if limit > 0 else []
+
+    async def resident(self) -> dict[str, tuple[str, ...]]:
+        """Worker id -> the voices its latest heartbeat listed as resident (workers that never
+        listed any are absent)."""
+        raw = await self._call(self._client.hgetall(self.keys.resident))
+        out: dict[str, tuple[str, ...]] = {}
+        for wid, blob in raw.items():
+            try:
+                voices = json.loads(blob)
+            except ValueError:
+                log.warning("skipping unreadable resident list of worker %r in Redis", wid)
+                continue
+            if isinstance(voices, list):
+                out[_text(wid)] = tuple(v for v in voices if isinstance(v, str))
+        return out
 
     async def take_signals(self) -> tuple[set[str], dict[str, int]]:
         """Read and clear the voices flagged warm and the spill counts since the last call."""
@@ -566,7 +666,8 @@ class RingStore:
         atomically (one attempt). `server_time` and the heartbeats are on the ring clock."""
         s, k = self._settings, self.keys
         raw = await self._call(self._snapshot(
-            keys=[k.workers, k.heartbeats, k.live, k.draining, k.load, k.epoch, k.replicas, k.auto, k.clock],
+            keys=[k.workers, k.heartbeats, k.live, k.draining, k.load, k.epoch, k.replicas, k.auto, k.clock,
+                  k.resident],
             args=[s.heartbeat_ttl_s, s.forget_after_s, k.events, self._outage_gap_s, secrets.token_hex(8)]))
         epoch, now, workers, beats, live, draining, loads, replicas, auto, incarnation = raw
         infos: dict[str, WorkerInfo] = {}

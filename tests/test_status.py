@@ -40,6 +40,8 @@ pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[1]
 SERVING = ("gpu-1", "gpu-2", "gpu-3")
 BURST, WIDE, CALM = "acme/burst", "acme/wide", "acme/calm"
+# the voices whose adapters each worker lists in its heartbeats (gpu-4 is drained, still live)
+RESIDENT = {"gpu-1": (WIDE, BURST), "gpu-2": (BURST,), "gpu-3": (), "gpu-4": (CALM,)}
 
 
 def _env() -> dict[str, str]:
@@ -107,12 +109,15 @@ def info(wid: str, port: int) -> WorkerInfo:
 @contextlib.asynccontextmanager
 async def fleet(settings: RingSettings) -> AsyncIterator[RingStore]:
     """Three serving workers (4 streams each), one drained by an operator, one that registered and
-    went silent; a burst of 200 requests on BURST answered by the cool loop, WIDE scaled to 6."""
+    went silent, each live one listing its resident adapters (`RESIDENT`); a burst of 200 requests
+    on BURST answered by the cool loop, 20 of them served past its owners and 50 more tries
+    refused; WIDE scaled to 6; CALM requested 3 times, with no replica record."""
     port = free_port()
     async with contextlib.AsyncExitStack() as stack:
         store = await stack.enter_async_context(RingStore(settings))
         for wid in (*SERVING, "gpu-4"):
-            await stack.enter_async_context(Heartbeat(store, info(wid, port), load=lambda: 4))
+            await stack.enter_async_context(Heartbeat(store, info(wid, port), load=lambda: 4,
+                                                      resident=lambda w=wid: RESIDENT[w]))
         await store.set_draining("gpu-4", True)
         await store.register(info("gpu-dead", port))  # and never heartbeats
         async with RingWatcher(store) as watcher:  # its reads reap the silent one; then only the command reads
@@ -121,6 +126,8 @@ async def fleet(settings: RingSettings) -> AsyncIterator[RingStore]:
         async with HeatRecorder(control) as heat:
             for _ in range(200):
                 heat.record(BURST)
+            heat.spilled(BURST, 20)
+            heat.refused(BURST, 50)
             heat.record(WIDE, 5)
             heat.record(CALM, 3)
         await control.scale(WIDE, 6)
@@ -158,13 +165,21 @@ async def test_json_shows_the_burst_first_and_every_problem(ring_settings, queue
         assert workers["gpu-1"]["refusals_per_s"] is None and "use --watch" in report["rates_note"]
         assert (report["fleet"]["in_ring"], report["fleet"]["streams"], report["fleet"]["cooling"]) == (3, 12, False)
 
-        first, second = report["voices"][:2]
-        assert first["voice"] == BURST and second["voice"] == WIDE and len(report["voices"]) == 2
+        first, second, third = report["voices"]  # CALM has no replica record: ranked by the request index
+        assert (first["voice"], second["voice"], third["voice"]) == (BURST, WIDE, CALM)
         assert first["rate_per_s"] > 10 * second["rate_per_s"] > 0 and first["share"] > 0.9
         assert (first["replicas_wanted"], first["replicas_placed"], first["auto_replicas"]) == (3, 3, 3)
         assert sorted(first["owners"]) == list(SERVING)
         assert (second["replicas_wanted"], second["replicas_placed"], second["operator_replicas"]) == (6, 3, 6)
-        assert first["adapter_loaded_on"] is None and "adapter_loaded_on" in report["voice_field_notes"]
+        # where each adapter is loaded, from the workers' heartbeats (the drained gpu-4 is live: listed)
+        assert [v["adapter_loaded_on"] for v in (first, second, third)] == [["gpu-1", "gpu-2"], ["gpu-1"], ["gpu-4"]]
+        assert workers["gpu-1"]["adapters"] == [WIDE, BURST] and workers["gpu-1"]["adapters_resident"] == 2
+        assert workers["gpu-3"]["adapters"] == [] and workers["gpu-dead"]["adapters"] is None
+        # 20 of BURST's 200 requests spilled; 50 tries were refused, of 250 tries
+        assert first["spill_share"] == pytest.approx(0.1, abs=0.01)
+        assert first["refusal_share"] == pytest.approx(0.2, abs=0.01)
+        assert (second["spill_share"], second["refusal_share"]) == (0.0, 0.0)
+        assert set(report["voice_field_notes"]) == {"adapter_loaded_on", "spill_share", "refusal_share"}
 
         problems = {(p["kind"], p["subject"]) for p in report["problems"]}
         assert problems == {("dead_worker", "gpu-dead"), ("replicas_short", WIDE), ("queue_stale", jobs.queued)}
@@ -186,13 +201,14 @@ async def test_json_shows_the_burst_first_and_every_problem(ring_settings, queue
         assert agent["id"] == "agent-a:1" and agent["pid"] == os.getpid() and not agent["silent"]
         assert "announce themselves" in report["presence_note"]
 
-        # a calm voice with no replica record is ranked only when asked for; a patient limit is no problem
-        code, out, err = await status(*common, "--queue-age-limit", "60", "--voice", CALM)
+        # a voice never requested is ranked when asked for, with no shares; a patient limit is no problem
+        code, out, err = await status(*common, "--queue-age-limit", "60", "--voice", "acme/never")
         assert code == 1, err
         report = json.loads(out)
-        assert [v["voice"] for v in report["voices"]] == [BURST, WIDE, CALM]
-        calm = report["voices"][2]
+        assert [v["voice"] for v in report["voices"]] == [BURST, WIDE, CALM, "acme/never"]
+        calm, never = report["voices"][2:]
         assert calm["rate_per_s"] > 0 and (calm["replicas_wanted"], calm["replicas_placed"]) == (1, 1)
+        assert never["rate_per_s"] == 0 and never["spill_share"] is None and never["adapter_loaded_on"] == []
         assert {p["kind"] for p in report["problems"]} == {"dead_worker", "replicas_short"}
 
 
@@ -211,6 +227,8 @@ async def test_terminal_view_lists_problems_first_in_words(ring_settings, queue,
     assert out.index("PROBLEM") < out.index("workers") < out.index("hottest voices") < out.index("training queue")
     voices = out[out.index("hottest voices"):out.index("training queue")]
     assert voices.index(BURST) < voices.index(WIDE)  # the burst ranks first
+    burst = next(line for line in voices.splitlines() if BURST in line)
+    assert "gpu-1, gpu-2" in burst and "10%" in burst and "20%" in burst  # adapter on, spilled, refused
     assert "42.5% step 3/10" in out and "speech_amount" in out
     assert "gateways gw-a:8000 (" in out and "gw-gone:8000 (silent " in out and "agent servers agent-a:1 (" in out
 
@@ -275,6 +293,8 @@ async def test_watch_probes_the_real_worker_twice_and_rates_its_counters(worker,
     assert first["state"] == second["state"] == "serving"
     assert first["health"]["status"] == "ok" and first["health"]["worker_id"] == "worker-a"
     assert isinstance(first["adapters_resident"], int) and first["probe_error"] is None, first
+    # the real worker lists its resident adapters in its heartbeats (an empty list before any clone spoke)
+    assert isinstance(first["adapters"], list) and first["adapters_resident"] == len(first["adapters"])
     assert first["refusals_total"] >= 0 and first["relays_total"] >= 0
     assert first["refusals_per_s"] is None  # one sample so far
     assert second["refusals_per_s"] >= 0 and second["relays_per_s"] >= 0  # two samples: rates

@@ -65,7 +65,7 @@ async def test_join_drain_undrain_leave_each_bump_the_epoch(ring_settings):
 async def test_a_worker_that_died_while_draining_itself_comes_back_but_an_operator_drain_stays(ring_settings):
     """A worker drains itself on SIGTERM and leaves the ring when done; killed before it left (its
     grace ran out, OOM, Redis away), its next registration (same id: a StatefulSet pod) must not
-    find it still drained. An operator's `voicering ring drain` must survive any restart."""
+    find it still drained. An operator's `voicering ring drain` must survive any restart, a clean one too."""
     async with RingStore(ring_settings) as store:
         snapshot = store.snapshot
         own = Heartbeat(store, info(0))
@@ -93,8 +93,23 @@ async def test_a_worker_that_died_while_draining_itself_comes_back_but_an_operat
         last = Heartbeat(store, info(0))
         await last.start()
         assert "w0" in (await snapshot()).draining
-        await last.aclose()  # a clean leave forgets every mark
+        await last.aclose()  # a clean leave (a rollout, `kubectl delete pod`) keeps the operator's drain ...
+        assert "w0" in (await snapshot()).draining and "w0" not in (await snapshot()).workers
+        clean = Heartbeat(store, info(0))
+        await clean.start()
+        assert "w0" in (await snapshot()).draining  # ... so the pod comes back drained
+        await store.set_draining("w0", False)
+        await clean.set_draining()  # its own shutdown drain ...
+        await clean.aclose()  # ... is forgotten with a clean leave
+        back = Heartbeat(store, info(0))
+        await back.start()
+        assert "w0" not in (await snapshot()).draining
+        await store.set_draining("w0", True)
+        await back.aclose()
+        assert await store.set_draining("w0", False) > 0  # scaled away for good: undrained while gone
         assert "w0" not in (await snapshot()).draining and "w0" not in (await snapshot()).workers
+        with pytest.raises(UnknownWorker):  # and only a listed drain can be cleared so
+            await store.set_draining("w0", False)
 
 
 async def test_changes_arrive_by_pubsub_well_before_the_refresh_interval(ring_settings):
@@ -314,15 +329,19 @@ async def test_odd_voice_ids_never_shape_redis_keys(ring_settings):
         for voice in voices:
             await control.scale(voice, 2)
             await control.record(voice)
+            await control.report({voice: 1}, spills={voice: 1}, refusals={voice: 2})
         snap = await store.snapshot()
         assert snap.replicas == {v: 2 for v in voices}
+        assert set(await store.recent_voices()) == set(voices)  # the request index holds them as members
+        assert set(await store.peek_outcomes(voices)) == set(voices)
         raw = aioredis.from_url(ring_settings.redis_url)
         stack.push_async_callback(raw.aclose)
         keys = {k.decode() async for k in raw.scan_iter(f"{ring_settings.prefix}:*")}
-        pattern = re.compile(re.escape(ring_settings.prefix)
-                             + r":(epoch|workers|heartbeats|live|load|replicas|fleet|warm|clock|heat:[0-9a-f]+)")
+        pattern = re.compile(re.escape(ring_settings.prefix) + r":(epoch|workers|heartbeats|live|load|replicas|fleet|"
+                             r"warm|clock|voices|spills|resident|heat:[0-9a-f]+|outcome:[0-9a-f]+)")
         assert keys and all(pattern.fullmatch(k) for k in keys), keys
         assert sum(k.startswith(f"{ring_settings.prefix}:heat:") for k in keys) == len(voices)
+        assert sum(k.startswith(f"{ring_settings.prefix}:outcome:") for k in keys) == len(voices)
 
 
 def test_redis_passwords_never_appear_in_messages():
@@ -502,11 +521,11 @@ async def test_a_stray_cancellation_does_not_end_the_heartbeat(redis_url, monkey
         real = store.heartbeat
         calls = {"n": 0}
 
-        async def flaky(worker_id, load):
+        async def flaky(worker_id, load, resident=None):
             calls["n"] += 1
             if calls["n"] <= 8:  # long enough to be reaped from the ring
                 raise asyncio.CancelledError
-            return await real(worker_id, load)
+            return await real(worker_id, load, resident)
 
         monkeypatch.setattr(store, "heartbeat", flaky)
         await asyncio.sleep(1.2)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from hashring.settings import RingSettings
     from lora_training.queue_view import QueueView
 
-__all__ = ["NOT_RECORDED", "Probe", "Problem", "ProblemKind", "StatusReport", "StatusSettings", "WorkerRates",
+__all__ = ["NOT_RECORDED", "VOICE_FIELDS", "Probe", "Problem", "ProblemKind", "StatusReport", "StatusSettings", "WorkerRates",
            "duration", "problems_of", "rates_between", "report_json"]
 
 # What the issue asks for that nothing in the fleet records today, and why (the JSON's *_note fields).
@@ -27,16 +27,21 @@ NOT_RECORDED: Final = {
     "presence": "gateways (routed by the ring) and agent servers announce themselves every 5 s "
                 "(hashring.presence); `silent` ones missed 15 s of it, and an hour of silence drops them. A "
                 "gateway pinned to a --worker list is not in the fleet and is not listed",
-    "adapter_loaded_on": "workers publish how many adapters they hold (/health adapters_resident), not which "
-                         "voices: no process records where a voice's adapter is loaded",
-    "spill_share": "spills are counted per voice in Redis only until the cool loop takes (reads and clears) them, "
-                   "every few seconds; RingStore has no read that leaves them in place",
-    "refusal_share": "workers count refusals by reason (voicering_worker_rejected_total), not by voice",
     "rates": "refusals_per_s and relays_per_s come from two samples of each worker's /metrics counters "
              "(voicering_worker_rejected_total for busy, share and connection_limit; voicering_worker_proxied_total); "
              "heartbeats carry only the stream count. One run has one sample, so they are null: use --watch",
-    "voices": "voices are ranked only when they have a replica record (an operator floor or an automatic count) "
-              "or are named with --voice: per-voice request counters have no index in Redis",
+    "voices": "voices are ranked when requested within the heat TTL (the newest 10,000 are indexed), when they "
+              "have a replica record (an operator floor or an automatic count), or when named with --voice",
+}
+
+# How the per-voice fields that are not plain counts are made (the JSON's voice_field_notes).
+VOICE_FIELDS: Final = {
+    "adapter_loaded_on": "live workers whose latest heartbeat listed the voice's LoRA adapter as resident (a base "
+                         "voice has no adapter: empty)",
+    "spill_share": "of the voice's requests, the share served by a worker outside its owners (decayed counters, "
+                   "short window); null without recent requests",
+    "refusal_share": "of the voice's tries (requests + refusals), the share a worker refused (busy, its fleet share, "
+                     "a connection's limit; the pool then tries another); null without recent tries",
 }
 
 ProblemKind = Literal["dead_worker", "replicas_short", "queue_stale"]
@@ -140,7 +145,9 @@ def report_json(report: StatusReport) -> dict[str, Any]:
             "id": w.id, "state": w.state, "streams": w.streams, "capacity": w.capacity, "weight": w.weight,
             "ring_share": round(w.ring_share, 4), "heartbeat_age_s": _round(w.heartbeat_age_s),
             "ws_url": w.ws_url, "proxy_url": w.proxy_url,
-            "adapters_resident": (probe.health or {}).get("adapters_resident") if probe else None,
+            "adapters_resident": (len(w.adapters) if w.adapters is not None
+                                  else (probe.health or {}).get("adapters_resident") if probe else None),
+            "adapters": None if w.adapters is None else list(w.adapters),
             "health": dict(probe.health) if probe and probe.health is not None else None,
             "refusals_total": probe.refusals if probe else None, "relays_total": probe.relays if probe else None,
             "refusals_per_s": _round(rates.refusals_per_s), "relays_per_s": _round(rates.relays_per_s),
@@ -150,7 +157,8 @@ def report_json(report: StatusReport) -> dict[str, Any]:
         "voice": v.voice, "rate_per_s": _round(v.rate), "rate_per_s_slow": _round(v.rate_slow),
         "share": _round(v.share, 4), "replicas_wanted": v.wanted, "replicas_placed": v.placed,
         "operator_replicas": v.operator, "auto_replicas": v.automatic, "owners": list(v.owners),
-        "adapter_loaded_on": None, "spill_share": None, "refusal_share": None,
+        "adapter_loaded_on": list(v.adapter_on), "spill_share": _round(v.spill_share, 4),
+        "refusal_share": _round(v.refusal_share, 4),
     } for v in fleet.voices]
     return {
         "redis": report.redis, "ring_prefix": report.settings.ring.prefix, "read_at": round(report.read_at, 3),
@@ -160,7 +168,7 @@ def report_json(report: StatusReport) -> dict[str, Any]:
                   "cooling": fleet.cooling},
         "workers": workers, "rates_note": NOT_RECORDED["rates"],
         "voices": voices, "voices_ranked": fleet.voices_ranked, "voices_note": NOT_RECORDED["voices"],
-        "voice_field_notes": {k: NOT_RECORDED[k] for k in ("adapter_loaded_on", "spill_share", "refusal_share")},
+        "voice_field_notes": dict(VOICE_FIELDS),
         "training": None if queue is None else _queue_json(queue),
         "training_error": report.queue_error, "training_redis": report.queue_redis,
         "training_prefix": report.settings.queue_prefix,

@@ -13,7 +13,7 @@ from voicering.status.report import NOT_RECORDED, Problem, StatusReport, WorkerR
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from hashring.fleet_view import FleetView, VoiceRow
+    from hashring.fleet_view import FleetView
 
 __all__ = ["SHOWN_OWNERS", "SHOWN_PROBLEMS", "render"]
 
@@ -82,7 +82,8 @@ def _workers(report: StatusReport) -> RenderableType:
     colour = {"serving": "green", "draining": "yellow", "dead": "bold red"}
     for w in report.fleet.workers:
         probe, rates = report.probes.get(w.id), report.rates.get(w.id, WorkerRates(None, None))
-        adapters = "-" if probe is None else "?" if probe.health is None else str(probe.health.get("adapters_resident"))
+        adapters = (str(len(w.adapters)) if w.adapters is not None else "-" if probe is None
+                    else "?" if probe.health is None else str(probe.health.get("adapters_resident")))
         table.add_row(w.id, f"[{colour[w.state]}]{w.state}[/]", f"{w.streams}/{w.capacity}",
                       _per_s(rates.refusals_per_s), _per_s(rates.relays_per_s), adapters,
                       "never" if w.heartbeat_age_s is None else duration(w.heartbeat_age_s), w.proxy_url)
@@ -102,15 +103,17 @@ def _workers(report: StatusReport) -> RenderableType:
 def _voices(fleet: FleetView) -> RenderableType:
     from rich.table import Table
 
-    table = Table(title=f"hottest voices ({len(fleet.voices)} of {fleet.voices_ranked} with a replica record or "
-                  "asked for)", title_justify="left")
+    table = Table(title=f"hottest voices ({len(fleet.voices)} of {fleet.voices_ranked} requested lately, with a "
+                  "replica record or asked for)", title_justify="left")
     for name, justify in (("VOICE", "left"), ("REQ/S 5s", "right"), ("REQ/S 60s", "right"), ("SHARE", "right"),
-                          ("REPLICAS", "right"), ("OWNERS", "left")):
+                          ("REPLICAS", "right"), ("OWNERS", "left"), ("ADAPTER ON", "left"), ("SPILLED", "right"),
+                          ("REFUSED", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for v in fleet.voices:
         replicas = f"{v.placed}/{v.wanted}"
-        table.add_row(v.voice, f"{v.rate:.2f}", f"{v.rate_slow:.2f}", "-" if v.share is None else f"{v.share:.0%}",
-                      f"[bold red]{replicas}[/]" if v.placed < v.wanted else replicas, _owners(v))
+        table.add_row(v.voice, f"{v.rate:.2f}", f"{v.rate_slow:.2f}", _percent(v.share),
+                      f"[bold red]{replicas}[/]" if v.placed < v.wanted else replicas, _listed(v.owners),
+                      _listed(v.adapter_on), _percent(v.spill_share), _percent(v.refusal_share))
     return table
 
 
@@ -146,9 +149,13 @@ def _training(report: StatusReport) -> RenderableType:
     return Group(summary, table)
 
 
-def _owners(v: VoiceRow) -> str:
-    shown = ", ".join(v.owners[:SHOWN_OWNERS])
-    return shown + (f" +{len(v.owners) - SHOWN_OWNERS}" if len(v.owners) > SHOWN_OWNERS else "") or "-"
+def _listed(workers: tuple[str, ...]) -> str:
+    shown = ", ".join(workers[:SHOWN_OWNERS])
+    return shown + (f" +{len(workers) - SHOWN_OWNERS}" if len(workers) > SHOWN_OWNERS else "") or "-"
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
 
 
 def _per_s(value: float | None) -> str:
