@@ -109,6 +109,8 @@ end
 # turned replica by a failover, loading, a busy script, no quorum. The code is the first word of a
 # Redis error reply; a Lua script's error wraps the reply ("Error running script ...: -OOM ..."), so
 # it is also looked for after a '-'.
+# Of those, the replies that mean the connection reaches a server that is no longer the primary.
+_DEMOTED = re.compile(r"(?:^|-)(READONLY|MASTERDOWN)\b")
 _TRANSIENT = re.compile(r"(?:^|-)(OOM|READONLY|LOADING|BUSY|MASTERDOWN|NOREPLICAS|MISCONF|TRYAGAIN|CLUSTERDOWN)\b")
 
 # KEYS: workers heartbeats live load epoch draining self_draining clock resident   ARGV: id json channel outage_gap_s
@@ -462,7 +464,19 @@ class RingStore:
                 f"the last ring they had. Check that Redis runs and that VOICERING_REDIS_URL points at it."
             ) from exc
         except redis.exceptions.RedisError as exc:
-            raise self._refused(exc) from exc
+            refused = self._refused(exc)
+            if _DEMOTED.search(str(exc)):
+                await self._reconnect()
+            raise refused from exc
+
+    async def _reconnect(self) -> None:
+        """Drop every pooled connection: the server that answered READONLY or MASTERDOWN was the
+        primary when they were dialled and is a replica now (a failover). redis-py reconnects
+        only on connection errors, so without this every call would go on reaching the demoted
+        server; a new dial resolves the URL again (a Service, a DNS name, a failover endpoint)."""
+        log.warning("Redis at %s is no longer the primary (failover?); reconnecting", self._where)
+        with contextlib.suppress(Exception):
+            await self._client.connection_pool.disconnect()
 
     def _refused(self, exc: redis.exceptions.RedisError) -> RingError:
         reply = str(exc)
