@@ -2,7 +2,9 @@
 
 uvicorn runs the app with the `websockets` implementation (the text-in stream), a 64 KiB cap on
 websocket messages (`WS_MAX_MESSAGE_BYTES`, above the largest legal message: a bigger one closes
-the socket with 1009), and a graceful shutdown that lets streams finish for `--grace` seconds.
+the socket with 1009), and a graceful shutdown that lets streams finish for `--grace` seconds:
+the first SIGTERM drains the text-in stream sockets first (gateway/api/drain.py; uvicorn alone
+would close them with 1012 at once), then uvicorn stops with what is left of the grace.
 
 The edge against slow or idle strangers: uvicorn itself has no deadline for a request head (its
 keep-alive timer only runs between requests), so 300 connections that each send half a request
@@ -110,24 +112,38 @@ def _metrics_of(app):
     return gateway.metrics if gateway is not None else None
 
 
+def _streams_of(app):
+    """The stream sockets of the app's gateway, once its lifespan has opened one."""
+    gateway = getattr(app.state, "gateway", None)
+    return gateway.streams if gateway is not None else None
+
+
 @contextlib.contextmanager
 def _no_signals() -> Iterator[None]:
     yield
 
 
 async def run(settings, *, grace_s: float = 10.0) -> None:
+    """Serve until SIGTERM/SIGINT. Raises `OpenCluster` (before binding anything) when `host` is
+    beyond loopback and the cluster token is empty or short, unless `allow_open_cluster`."""
     import uvicorn
 
     from gateway.api.app import create_app
+    from gateway.api.drain import DrainingServer
     from gateway.api.metrics import metrics_app
+    from gpu_worker.open_cluster import require_cluster_token
+    from gpu_worker.open_files import raise_open_file_limit
 
+    require_cluster_token(settings.host, settings.cluster_token, allow_open=settings.allow_open_cluster,
+                          env_prefix=type(settings).model_config["env_prefix"], role="gateway")
+    raise_open_file_limit()  # a websocket per stream, a link per worker
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, ws="websockets",
                             http=http_protocol(settings.http, settings.header_timeout_s),
                             ws_max_size=WS_MAX_MESSAGE_BYTES, timeout_graceful_shutdown=grace_s, log_level="info",
                             access_log=False, lifespan="on", limit_concurrency=settings.max_connections,
                             backlog=settings.backlog)
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, lambda: _streams_of(app), grace_s)
     if settings.metrics_port is None:
         await server.serve()
         return
@@ -187,4 +203,10 @@ def command(
         except OtlpUnavailable as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
-    asyncio.run(run(settings, grace_s=grace))
+    from gpu_worker.open_cluster import OpenCluster
+
+    try:
+        asyncio.run(run(settings, grace_s=grace))
+    except OpenCluster as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from None

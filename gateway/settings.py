@@ -52,6 +52,8 @@ class GatewaySettings(BaseSettings):
                                      "ring in Redis")
     ring_prefix: str = Field(_RING.prefix, min_length=1, description="the workers' ring prefix in Redis")
     cluster_token: str | None = Field(None, description="sent to workers as 'Authorization: Bearer'")
+    allow_open_cluster: bool = Field(False, description="start bound beyond loopback with an empty or short "
+                                     "cluster token (refused otherwise: gpu_worker.open_cluster)")
     base_voices: tuple[str, ...] = Field(("tara", "leo"), description="platform voices every tenant may speak "
                                          "(global voice ids the workers serve)")
     max_input_chars: int = Field(4096, ge=1, description="characters of `input` one speech request may carry")

@@ -80,9 +80,13 @@ def worker(
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
     from gpu_worker.errors import EngineError
+    from gpu_worker.open_cluster import OpenCluster
 
     try:
         asyncio.run(run_worker(settings))
+    except OpenCluster as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from None
     except EngineError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -68,6 +68,7 @@ class EngineSettings:
 
     model: str  # local path or hub id of Orpheus weights
     tokenizer: str | None = None
+    revision: str | None = None  # hub commit or tag of model and tokenizer (None: the hub's default branch)
     quantization: Quantization = "auto"  # auto: fp8 on CUDA, none elsewhere
     max_loras: int = 4  # adapters resident per batch (engine slots)
     max_cpu_loras: int = 16
@@ -156,6 +157,8 @@ class SpeechEngine:
         args = AsyncEngineArgs(
             model=settings.model,
             tokenizer=settings.tokenizer or settings.model,
+            revision=settings.revision,
+            tokenizer_revision=settings.revision,
             dtype="bfloat16",
             quantization="fp8" if fp8 else None,
             kv_cache_dtype="fp8" if fp8 else "auto",
@@ -172,7 +175,7 @@ class SpeechEngine:
             logits_processors=[SlotConstrainedSampler],
         )
         llm = AsyncLLM.from_engine_args(args)
-        tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or settings.model)
+        tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or settings.model, revision=settings.revision)
         bos = tokenizer.encode("")
         if bos[:1] != [START_OF_TEXT]:
             log.warning("tokenizer does not start with BOS %d (got %s); prompts follow it as is", START_OF_TEXT, bos)

@@ -30,6 +30,8 @@ class WorkerSettings(BaseSettings):
     port: int = 8765
     worker_id: str = "worker-0"
     model: str = Field(description="Orpheus weights: local path or hub id")
+    model_revision: str | None = Field(None, description="hub commit (or tag) of model: pin it, so that a new "
+                                       "pod downloads the weights the fleet was validated with, not the latest")
     codec: str = Field("hubertsiuzdak/snac_24khz", description="SNAC 24 kHz weights: local path or hub id")
     voices_dir: Path = Field(Path("voices"), description="adapter store root: <dir>/<voice id>/")
     voices_url: str | None = Field(None, description="fsspec URL of a remote adapter store (s3://...); overrides voices_dir")
@@ -94,6 +96,8 @@ class WorkerSettings(BaseSettings):
     ring_prefix: str = Field(RingSettings().prefix, description="Redis key prefix of the ring (every process of a fleet agrees)")
     cluster_token: str | None = Field(None, description="required as 'Authorization: Bearer' on websockets, /metrics "
                                                         "and /prewarm; sent on the proxy's links (/health stays open)")
+    allow_open_cluster: bool = Field(False, description="start bound beyond loopback with an empty or short "
+                                     "cluster token (refused otherwise: gpu_worker.open_cluster)")
     loop_stall_s: float = Field(2.0, gt=0, description="an event loop blocked this long logs where it is stuck")
     drain_grace_s: float = Field(30.0, ge=0, description="on SIGTERM: how long active streams may finish while draining")
     ring_prewarm_max: int | None = Field(None, ge=0, description="voices newly owned after a placement change that are "
@@ -125,6 +129,11 @@ class WorkerSettings(BaseSettings):
 
     def relay_stream_limit(self) -> int:
         return self.max_relayed_streams or 4 * self.max_streams
+
+    @field_validator("model_revision")
+    @classmethod
+    def _blank_revision_is_unset(cls, value: str | None) -> str | None:
+        return value or None
 
     @field_validator("model", "codec")
     @classmethod

@@ -17,6 +17,8 @@ from gpu_worker.engine import EngineSettings, SamplingOptions, SpeechEngine
 from gpu_worker.errors import EngineError
 from gpu_worker.orpheus import SAMPLE_RATE
 from gpu_worker.metrics import WorkerMetrics, use_json_logs
+from gpu_worker.open_cluster import is_loopback, require_cluster_token
+from gpu_worker.open_files import raise_open_file_limit
 from gpu_worker.scheduler import MAX_BATCH, TICK_S, make_decode_runner
 from gpu_worker.server import WorkerServer
 from gpu_worker.session import ContextLimits, SessionDeps
@@ -27,7 +29,8 @@ log = logging.getLogger(__name__)
 
 def engine_settings(settings: WorkerSettings) -> EngineSettings:
     return EngineSettings(
-        model=settings.model, quantization=settings.quantization, max_loras=settings.max_loras,
+        model=settings.model, revision=settings.model_revision, quantization=settings.quantization,
+        max_loras=settings.max_loras,
         max_cpu_loras=settings.max_cpu_loras, max_lora_rank=settings.max_lora_rank,
         max_num_seqs=settings.max_num_seqs, max_model_len=settings.max_model_len,
         gpu_memory_utilization=settings.gpu_memory_utilization, cpu_kv_cache_gib=settings.cpu_kv_cache_gib,
@@ -64,8 +67,12 @@ def adapter_store(settings: WorkerSettings) -> AdapterStore:
 
 
 async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = None) -> None:
+    # before anything loads: an exposed worker without a real token is refused (OpenCluster)
+    require_cluster_token(settings.host, settings.cluster_token, allow_open=settings.allow_open_cluster,
+                          env_prefix=WorkerSettings.model_config["env_prefix"], role="worker")
     if settings.log_format == "json":
         use_json_logs()
+    raise_open_file_limit()  # every stream, link and adapter holds a descriptor
     logging.getLogger("websockets.server").setLevel(logging.WARNING)  # one line per /health probe otherwise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -91,9 +98,9 @@ async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = Non
     if settings.prewarm_voices:
         report = await adapters.prewarm(settings.prewarm_voices)
         log.info("prewarmed voices: %s", report, extra={"prewarm": report})
-    if not settings.cluster_token and settings.host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("worker listens on %s without a cluster token: anyone who reaches it can speak, prewarm and read "
-                    "metrics (set VOICERING_WORKER_CLUSTER_TOKEN)", settings.host)
+    if not settings.cluster_token and not is_loopback(settings.host):  # allowed open by the operator
+        log.warning("worker listens on %s without a cluster token (VOICERING_WORKER_ALLOW_OPEN_CLUSTER): anyone who "
+                    "reaches it can speak, prewarm and read metrics", settings.host)
     # The start-up heap (torch, vLLM, the codec: ~0.5 M objects) never becomes garbage; frozen, a
     # gen-2 collection no longer walks it (0.3 s idle, seconds on a loaded box, on the serving loop).
     gc.collect()

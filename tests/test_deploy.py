@@ -39,6 +39,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "k8s"
+K8S_STORAGE = K8S / "storage"
 DOCKER = DEPLOY / "docker"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 COMPOSE_ENV_EXAMPLE = DEPLOY / "compose.env.example"
@@ -51,6 +52,8 @@ KUBERNETES_VERSIONS = ("1.33.0", "1.37.0")
 PROFILES = ("cpu", "gpu")
 # values for the compose file's required ${...:?} secrets while validating it
 COMPOSE_SECRETS = {"CLUSTER_TOKEN": "t" * 64, "LIVEKIT_API_KEY": "APIvoicering", "LIVEKIT_API_SECRET": "s" * 40}
+# ... and every other ${...:?} it requires (the address LiveKit advertises: a documentation address)
+COMPOSE_REQUIRED = {**COMPOSE_SECRETS, "LIVEKIT_NODE_IP": "192.0.2.10"}
 HEALTH_ROLE = {"worker": "worker", "gateway": "gateway", "agent": "agent", "train-worker": "trainer"}
 # containers that take no requests (no Service, no readiness): /health on their internal port is
 # their liveness probe (see deploy/README.md)
@@ -172,7 +175,9 @@ def build_settings(subcommand: str, env: dict[str, str]):
 
 @cache
 def k8s_files() -> tuple[Path, ...]:
-    return tuple(sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml"))
+    """The application's manifests and, in storage/, those applied once and never deleted with it."""
+    return tuple(sorted(p for folder in (K8S, K8S_STORAGE) for p in folder.glob("*.yaml")
+                        if p.name != "kustomization.yaml"))
 
 
 @cache
@@ -325,7 +330,7 @@ def run_compose(profile: str, env: dict[str, str]) -> subprocess.CompletedProces
 
 @cache
 def compose(profile: str) -> dict:
-    done = run_compose(profile, COMPOSE_SECRETS)
+    done = run_compose(profile, COMPOSE_REQUIRED)
     assert done.returncode == 0, done.stderr
     config = yaml.safe_load(done.stdout)
     # Debian's docker-compose 1.29 `config` prints every service; `up` starts only the active ones
@@ -387,7 +392,9 @@ def test_every_manifest_validates_strictly(version):
 def test_kustomization_lists_every_manifest_and_generates_the_secret():
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
-    assert sorted(kustomization["resources"]) == sorted(p.name for p in k8s_files())
+    assert sorted(kustomization["resources"]) == sorted(p.name for p in k8s_files() if p.parent == K8S)
+    storage = yaml.safe_load((K8S_STORAGE / "kustomization.yaml").read_text())
+    assert sorted(storage["resources"]) == sorted(p.name for p in k8s_files() if p.parent == K8S_STORAGE)
     assert kustomization["secretGenerator"][0]["envs"] == ["secrets.env"]
     assert "secrets.env" in (K8S / ".gitignore").read_text().split()
     assert ".env" in (DEPLOY / ".gitignore").read_text().split(), "deploy/.env holds the compose secrets"
@@ -533,7 +540,13 @@ def test_gateway_hpa_pdbs_and_pod_security():
     (container,) = gateway["spec"]["template"]["spec"]["containers"]
     grace = parse_cli(container["args"][1:])[1]["grace"]
     sleep = container["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert gateway["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= grace + sleep
+    pod_grace = gateway["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert pod_grace >= grace + sleep
+    # a gentle scale-down: at most one pod per period, and a period longer than a pod's whole stop,
+    # so streams are never cut on several gateways at once
+    down = hpa["spec"]["behavior"]["scaleDown"]
+    assert down["stabilizationWindowSeconds"] >= 300 and down.get("selectPolicy", "Max") == "Min"
+    assert all(p["type"] == "Pods" and p["value"] == 1 and p["periodSeconds"] >= pod_grace for p in down["policies"])
     covered = set()
     for pdb in k8s("PodDisruptionBudget"):
         matched = [w for w in workloads() if selects(pdb["spec"]["selector"], pod_labels(w))]
@@ -640,9 +653,9 @@ def test_prometheus_jobs_find_the_pods_and_the_token():
 
 # -- compose -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("secret", sorted(COMPOSE_SECRETS))
+@pytest.mark.parametrize("secret", sorted(COMPOSE_REQUIRED))
 def test_compose_refuses_to_run_without_each_of_its_secrets(secret):
-    done = run_compose("cpu", {k: v for k, v in COMPOSE_SECRETS.items() if k != secret})
+    done = run_compose("cpu", {k: v for k, v in COMPOSE_REQUIRED.items() if k != secret})
     assert done.returncode != 0 and f"set {secret} in deploy/.env" in done.stderr
 
 
@@ -667,7 +680,7 @@ def test_compose_profile_is_the_whole_stack(profile):
     redis = services["redis"]["command"]
     assert redis[redis.index("--appendonly") + 1] == "yes"
     assert "/etc/livekit.yaml" in services["livekit"]["command"]
-    assert any(v.endswith("livekit/livekit.yaml:/etc/livekit.yaml:ro") for v in services["livekit"]["volumes"])
+    assert any(v.endswith("livekit/livekit-compose.yaml:/etc/livekit.yaml:ro") for v in services["livekit"]["volumes"])
     gpu_users = {name for name, s in services.items() if "devices" in s.get("deploy", {}).get("resources", {}).get(
         "reservations", {})}
     if profile == "gpu":
@@ -818,8 +831,23 @@ def test_every_voicering_env_name_is_a_real_setting():
     assert not unknown, sorted(unknown)
 
 
+def shell_blocks(text: str) -> Iterator[str]:
+    """The shell code blocks of a markdown text (```bash, ```sh, ```console or no language), fence
+    by fence: a ```text or ```json block is skipped whole, never paired with the next fence."""
+    language, lines = None, []
+    for line in text.splitlines():
+        if not line.startswith("```"):
+            lines.append(line)
+        elif language is None:
+            language, lines = line[3:].strip(), []
+        else:
+            if language in ("", "bash", "sh", "console"):
+                yield "\n".join(lines) + "\n"
+            language = None
+
+
 def code_block_commands(text: str) -> Iterator[list[str]]:
-    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S):
+    for block in shell_blocks(text):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split(" #", 1)[0].strip()
             words = shlex.split(line) if line and not line.startswith("#") else []
@@ -851,3 +879,277 @@ def test_every_voicering_command_in_units_and_docs_parses():
             pytest.fail(f"docs/operations.md: `voicering {' '.join(argv)}` does not parse: {exc}")
         count += 1
     assert count >= 10
+
+
+# -- GPU images: the sampler, the CUDA userland, the compile caches --------------------------------
+
+GPU_DOCKERFILES = (DOCKER / "worker-gpu.Dockerfile", DOCKER / "trainer-gpu.Dockerfile")
+# where vLLM, FlashInfer (its base: caches go to $BASE/.cache/flashinfer), Inductor and Triton
+# write what they compile
+COMPILE_CACHE_ENV = ("VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+TORCH_CUDA_MAJOR = {"2.13": 13}  # the CUDA of torch's default wheels (cu130)
+
+
+def under(path: str, folder: str) -> bool:
+    return Path(path).is_relative_to(folder)
+
+
+@pytest.mark.parametrize("path", GPU_DOCKERFILES, ids=lambda p: p.name)
+def test_gpu_image_needs_no_nvcc_and_matches_torch_s_cuda(path):
+    from gpu_worker.settings import WorkerSettings
+
+    env = dockerfile_env(path)
+    # no FlashInfer sampler, so nothing JIT-compiles with an nvcc the image lacks; free because the
+    # default constraint hands vLLM greedy requests (its top-p/top-k sampler never runs)
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert WorkerSettings(model="m").constraint == "fused"
+    assert not any("nvcc" in line for line in dockerfile_lines(path))
+    (arg,) = [line for line in dockerfile_lines(path) if line.startswith("ARG CUDA_IMAGE=")]
+    cuda = re.fullmatch(r"ARG CUDA_IMAGE=nvidia/cuda:(\d+)\.\d+\.\d+-base-ubuntu24\.04", arg)
+    torch_pin = re.search(r'"torch==(\d+\.\d+)\.\d+"', (REPO / "pyproject.toml").read_text())[1]
+    assert cuda and int(cuda[1]) == TORCH_CUDA_MAJOR[torch_pin], arg
+    assert "R580" in (DEPLOY / "README.md").read_text(), "deploy/README.md names the driver floor of CUDA 13"
+    # every compile cache under one folder the image makes for its user
+    caches = {name: env[name] for name in COMPILE_CACHE_ENV}
+    root = "/home/voicering/.cache/compile"
+    assert all(under(value, root) for value in caches.values()), caches
+    assert any(root in line and "mkdir" in line for line in final_stage(path))
+
+
+def test_k8s_gpu_pods_keep_their_compile_caches_on_a_volume():
+    for workload, container in containers():
+        env = container_env(workload, container)
+        if "VLLM_CACHE_ROOT" not in env:
+            continue
+        volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+        templates = {t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])}
+        for name in COMPILE_CACHE_ENV:
+            (mount,) = [m for m in container["volumeMounts"] if under(env[name], m["mountPath"])]
+            assert mount["name"] in volumes or mount["name"] in templates, f"{container['name']}: {name}"
+            if workload["kind"] == "StatefulSet":  # the worker: a claim that outlives the pod
+                assert mount["name"] in templates, f"{name} is not on the worker's own claim"
+                assert "medium" not in volumes.get(mount["name"], {}).get("emptyDir", {})
+
+
+def test_compose_gpu_services_keep_their_compile_caches_on_their_own_volumes():
+    services = compose("gpu")
+    owners: dict[str, str] = {}
+    for name, service in voicering_services("gpu").items():
+        env = service_env(service)
+        if "VLLM_CACHE_ROOT" not in env:
+            continue
+        mounts = {}
+        for volume in service.get("volumes", []):
+            source, target = volume.split(":")[:2] if isinstance(volume, str) else (volume["source"], volume["target"])
+            mounts[target] = source
+        for cache in COMPILE_CACHE_ENV:
+            (target,) = [t for t in mounts if under(env[cache], t)]
+            assert mounts[target] in services["volumes"], f"{name}: {cache} is not on a named volume"
+            assert owners.setdefault(mounts[target], name) == name, f"{name} shares {mounts[target]}: compiles race"
+    assert len(set(owners.values())) == 3  # two workers and the trainer
+
+
+# -- LiveKit in compose --------------------------------------------------------------------------
+
+LIVEKIT_COMPOSE = DEPLOY / "livekit" / "livekit-compose.yaml"
+# livekit-server's defaults (pkg/config/config.go DefaultConfig) and what its RTC validation
+# (mediatransportutil rtcconfig.RTCConfig.Validate) picks when no UDP port is configured
+LIVEKIT_DEFAULT_PORT, LIVEKIT_DEFAULT_TCP_PORT = 7880, 7881
+LIVEKIT_DEFAULT_ICE_RANGE = (50000, 60000)
+
+
+def livekit_listens(config: dict, *, development: bool = False) -> set[tuple[int, str]]:
+    """The (port, protocol) pairs a livekit-server with this config listens on, as it decides them:
+    a port range, when both ends are set, wins over udp_port (webrtc_config.go); with neither, a
+    non-development server takes 50000-60000; udp_port may itself be a range "a-b"."""
+    rtc = config.get("rtc", {})
+    ports = {(config.get("port", LIVEKIT_DEFAULT_PORT), "tcp")}
+    if not rtc.get("force_tcp"):
+        start, end = rtc.get("port_range_start", 0), rtc.get("port_range_end", 0)
+        udp = str(rtc.get("udp_port", "") or "")
+        if not (start and end) and not udp and not development:
+            start, end = LIVEKIT_DEFAULT_ICE_RANGE
+        if start and end:
+            ports |= {(p, "udp") for p in range(start, end + 1)}
+        elif udp:
+            first, _, last = udp.partition("-")
+            ports |= {(p, "udp") for p in range(int(first), int(last or first) + 1)}
+    if rtc.get("tcp_port", LIVEKIT_DEFAULT_TCP_PORT):
+        ports.add((rtc.get("tcp_port", LIVEKIT_DEFAULT_TCP_PORT), "tcp"))
+    turn = config.get("turn", {})
+    if turn.get("enabled"):
+        ports |= {(turn[k], proto) for k, proto in (("udp_port", "udp"), ("tls_port", "tcp")) if turn.get(k)}
+    return ports
+
+
+def test_livekit_listens_mirrors_livekit_s_port_choice():
+    assert livekit_listens({"rtc": {"udp_port": 7882, "port_range_start": 50000, "port_range_end": 50001}}) == {
+        (7880, "tcp"), (7881, "tcp"), (50000, "udp"), (50001, "udp")}
+    assert (55000, "udp") in livekit_listens({})  # nothing configured: the production range
+    assert livekit_listens({}, development=True) == {(7880, "tcp"), (7881, "tcp")}
+    assert livekit_listens({"rtc": {"udp_port": "7882-7883", "tcp_port": 0}}) == {(7880, "tcp"), (7882, "udp"),
+                                                                                (7883, "udp")}
+    # the self-hosted config (its own host, a firewall range): compose must not use it
+    assert len(livekit_listens(yaml.safe_load((DEPLOY / "livekit" / "livekit.yaml").read_text()))) > 1000
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compose_publishes_every_port_its_livekit_listens_on(profile):
+    service = compose(profile)["services"]["livekit"]
+    argv = service["command"]
+    assert "--udp-port" not in argv and "--dev" not in argv and "--config-body" not in argv
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
+    config = yaml.safe_load(Path(mounted[argv[argv.index("--config") + 1]]).read_text())
+    assert Path(mounted["/etc/livekit.yaml"]) == LIVEKIT_COMPOSE
+    rtc = config["rtc"]
+    assert "port_range_start" not in rtc and "port_range_end" not in rtc
+    assert rtc["use_external_ip"] is False and not rtc.get("node_ip")  # STUN would replace NODE_IP
+    published = {(int(p["published"]), p.get("protocol", "tcp")) for p in service["ports"]}
+    assert all(int(p["published"]) == int(p["target"]) for p in service["ports"]), "ICE advertises the container port"
+    assert published == livekit_listens(config)
+    # the advertised address is the operator's, passed through (livekit-server reads NODE_IP as --node-ip)
+    assert service["environment"]["NODE_IP"] == COMPOSE_REQUIRED["LIVEKIT_NODE_IP"]
+    assert env_file(COMPOSE_ENV_EXAMPLE)["LIVEKIT_NODE_IP"] == "", "no loopback default: the agent's media would loop"
+    # the agent reaches LiveKit by its service name on the signalling port
+    agent = next(s for s in voicering_services(profile).values() if service_command(s)[:2] == ["voicering", "agent"])
+    url = service_env(agent)["LIVEKIT_URL"]
+    assert url == f"ws://livekit:{config.get('port', LIVEKIT_DEFAULT_PORT)}"
+
+
+# -- fail closed on the cluster token ------------------------------------------------------------
+
+def bound_host(sub: str, settings) -> tuple[str, str | None]:
+    """The address a process listens on and its cluster token, as gpu_worker.open_cluster judges them."""
+    host = settings.http_host if sub == "agent" else settings.host
+    token = settings.cluster_token
+    return host, token.get_secret_value() if hasattr(token, "get_secret_value") else token
+
+
+def test_every_deployed_listener_starts_with_the_secret_and_refuses_without_it():
+    from gpu_worker.open_cluster import OpenCluster, require_cluster_token
+
+    def check(sub: str, env: dict[str, str]) -> None:
+        settings = build_settings(sub, env)
+        host, token = bound_host(sub, settings)
+        assert not settings.allow_open_cluster, f"{sub}: deploy configs never open the cluster"
+        require_cluster_token(host, token, allow_open=False, env_prefix="", role=sub)  # the filled secret: starts
+        emptied = {k: ("" if k.endswith("_CLUSTER_TOKEN") else v) for k, v in env.items()}
+        empty_host, empty_token = bound_host(sub, build_settings(sub, emptied))
+        with pytest.raises(OpenCluster):  # the example left empty: refused, not silently open
+            require_cluster_token(empty_host, empty_token, allow_open=False, env_prefix="", role=sub)
+
+    seen = set()
+    for workload, container in containers():
+        sub = subcommand_of(container.get("args") or [])
+        if sub in ("worker", "gateway", "agent"):
+            check(sub, container_env(workload, container))
+            seen.add(sub)
+    for profile in PROFILES:
+        for service in voicering_services(profile).values():
+            env = service_env(service)
+            for sub in [parse_cli(c)[0] for c in voicering_commands(service_command(service), env)]:
+                if sub in ("worker", "gateway", "agent"):
+                    check(sub, env)
+                    seen.add(f"compose {sub}")
+    assert seen == {"worker", "gateway", "agent", "compose worker", "compose gateway", "compose agent"}
+
+
+# -- systemd units: who gets the SIGTERM -----------------------------------------------------------
+
+def unit_settings(path: Path) -> dict[str, str]:
+    """The [Service] section's Key=value lines (the last of a repeated key wins, as in systemd)."""
+    found, section = {}, ""
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif section == "[Service]" and "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            found[key] = value
+    return found
+
+
+@pytest.mark.parametrize("unit", sorted(DEPLOY.rglob("*.service")), ids=lambda p: p.name)
+def test_units_signal_only_the_main_process_and_wait_for_its_drain(unit):
+    service = unit_settings(unit)
+    # mixed: SIGTERM to the main process only (it stops its own engine or job processes), SIGKILL to
+    # the whole cgroup after TimeoutStopSec; the default (control-group) would SIGTERM vLLM's engine
+    # core at once and abort every stream the drain means to finish
+    assert service["KillMode"] == "mixed" and service["KillSignal"] == "SIGTERM"
+    assert int(service["LimitNOFILE"]) >= 65536
+    if "voicering worker" in service["ExecStart"].replace("/opt/voicering/.venv/bin/", ""):
+        (env_path,) = re.findall(r"^EnvironmentFile=.*/([\w.]+)$", unit.read_text(), flags=re.M)
+        env = env_file(unit.parent / f"{env_path}.example")
+        settings = build_settings("worker", {**env, "VOICERING_WORKER_CLUSTER_TOKEN": "x" * 40})
+        assert int(service["TimeoutStopSec"]) >= settings.drain_grace_s + 30
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compose_gives_every_long_running_process_a_high_open_file_limit(profile):
+    """Each process raises its soft limit to the hard one at start (gpu_worker/open_files.py); compose
+    sets that hard limit (Docker's default soft and hard limits are far lower)."""
+    seen = set()
+    for name, service in voicering_services(profile).items():
+        subs = {parse_cli(c)[0] for c in voicering_commands(service_command(service), service_env(service))}
+        if not subs & {"worker", "gateway", "agent", "train-worker"}:
+            continue
+        nofile = service.get("ulimits", {}).get("nofile")
+        assert nofile is not None, f"{name} has no nofile ulimit"
+        hard = nofile["hard"] if isinstance(nofile, dict) else nofile
+        assert int(hard) >= 65536, f"{name}: nofile {nofile}"
+        seen |= subs
+    assert seen == {"worker", "gateway", "agent", "train-worker"}
+
+
+# -- storage outlives the application ------------------------------------------------------------
+
+def kustomize(folder: Path, tmp_path: Path) -> list[dict]:
+    """What `kubectl apply -k` / `kubectl delete -k FOLDER` acts on: kubectl's own kustomize, run on
+    a copy of deploy/k8s with secrets.env made from the example (it is git-ignored)."""
+    tool = shutil.which("kubectl")
+    if tool is None:
+        pytest.fail("kubectl is not installed: `make setup` installs it")
+    copy = tmp_path / folder.name / "k8s"
+    shutil.copytree(K8S, copy, ignore=shutil.ignore_patterns("secrets.env"))
+    (copy / "secrets.env").write_text("".join(f"{k}={'x' * 40}\n" for k in env_file(SECRETS_EXAMPLE)))
+    done = subprocess.run([tool, "kustomize", str(copy / folder.relative_to(K8S))], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def test_deleting_the_application_keeps_voices_uploads_and_redis_data(tmp_path):
+    app, storage = kustomize(K8S, tmp_path), kustomize(K8S_STORAGE, tmp_path)
+    app_kinds = {doc["kind"] for doc in app}
+    # `kubectl delete -k deploy/k8s` deletes exactly `app`: no namespace (which takes every claim in
+    # it along), no claim
+    assert not app_kinds & {"Namespace", "PersistentVolumeClaim", "PersistentVolume", "StorageClass"}, app_kinds
+    assert {"StatefulSet", "Deployment", "Secret"} <= app_kinds
+    (namespace,) = [d for d in storage if d["kind"] == "Namespace"]
+    assert {d["metadata"].get("namespace") for d in app} == {namespace["metadata"]["name"]}
+    claims = {d["metadata"]["name"] for d in storage if d["kind"] == "PersistentVolumeClaim"}
+    used = {v["persistentVolumeClaim"]["claimName"] for d in app if d["kind"] in ("Deployment", "StatefulSet")
+            for v in d["spec"]["template"]["spec"].get("volumes", []) if "persistentVolumeClaim" in v}
+    assert used == claims == {"voicering-voices", "voicering-uploads"}
+    # a StatefulSet's own claims (Redis's data, the workers' caches) are kept when it is deleted
+    for sts in (d for d in app if d["kind"] == "StatefulSet" and d["spec"].get("volumeClaimTemplates")):
+        assert sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain", sts["metadata"]["name"]
+    operations = OPERATIONS.read_text()
+    assert "kubectl apply -k deploy/k8s/storage" in operations and "persistentVolumeReclaimPolicy" in operations
+
+
+def test_gpu_pods_land_on_sm80_nodes_and_fit_a_single_gpu_node():
+    for workload in workloads():
+        pod = workload["spec"]["template"]["spec"]
+        if not any("nvidia.com/gpu" in c.get("resources", {}).get("limits", {}) for c in pod["containers"]):
+            continue
+        (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        (expr,) = [e for e in term["matchExpressions"] if e["key"] == "nvidia.com/gpu.compute.major"]
+        # Kubernetes' Gt compares integers: major > 7, i.e. sm80 and newer
+        assert expr["operator"] == "Gt" and expr["values"] == ["7"], workload["metadata"]["name"]
+    worker = one("StatefulSet", "voicering-worker")
+    (container,) = worker["spec"]["template"]["spec"]["containers"]
+    requests = container["resources"]["requests"]
+    # a 4 vCPU / 16 GiB single-GPU node has roughly 3.5 CPU and 13-14 GiB allocatable
+    assert float(requests["cpu"]) <= 3 and int(requests["memory"].removesuffix("Gi")) <= 12
+    assert int(container["resources"]["limits"]["memory"].removesuffix("Gi")) <= 14

@@ -12,7 +12,8 @@ LIGHT_MODULES = ["voicering.cli", "gpu_worker.protocol", "gpu_worker.client", "g
                  "gpu_worker.adapters", "gpu_worker.orpheus", "hashring", "silence_trim", "gateway.stack.up",
                  "gateway.stack.demo", "gateway.stack.cli", "lora_training.espeak", "voicering.status",
                  "voicering.status.report", "voicering.status.probes", "voicering.status.terminal",
-                 "voicering.status.cli", "gpu_worker.trace_context", "voicering.trace"]
+                 "voicering.status.cli", "gpu_worker.trace_context", "voicering.trace", "gpu_worker.open_cluster",
+                 "gpu_worker.open_files"]
 
 
 @pytest.mark.parametrize("module", LIGHT_MODULES)

@@ -28,6 +28,7 @@ COPY --from=build /opt/voicering/venv /opt/voicering/venv
 COPY deploy/docker/healthcheck.py /opt/voicering/healthcheck.py
 ENV PATH=/opt/voicering/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
+    VOICERING_AGENT_HTTP_HOST=0.0.0.0 \
     VOICERING_AGENT_HTTP_PORT=8081
 USER 10001:10001
 WORKDIR /home/voicering

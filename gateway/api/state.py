@@ -6,7 +6,8 @@
   fixed list of worker URLs, dialing with the cluster token,
 - the training queue (lora_training's `JobQueue`, a sync client: called off the event loop),
 - the bounded pool that decodes uploads for their checks (`gateway.cloning.DecodePool`),
-- the metrics registry.
+- the metrics registry,
+- the open text-in stream sockets, drained when the process stops (`gateway.api.drain`).
 
 Routes reach it as `request.app.state.gateway`.
 """
@@ -16,8 +17,9 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gateway.api.drain import StreamDrain
 from gateway.api.metrics import GatewayMetrics
 from gateway.catalog import Catalog
 from gateway.cloning.decoding import DecodePool
@@ -50,6 +52,7 @@ class Gateway:
     jobs: JobQueue
     metrics: GatewayMetrics
     decodes: DecodePool
+    streams: StreamDrain = field(default_factory=StreamDrain)  # open /v1/tts/stream sockets; drained at SIGTERM
 
 
 @asynccontextmanager

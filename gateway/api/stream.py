@@ -35,6 +35,10 @@ carry the `trace_id`, and the gateway logs one `hop=gateway` line when it ends.
 Writes go through one bounded outbox and one writer task: a client that stops reading for
 `SLOW_CONSUMER_S` is cut (1008), its contexts cancelled on the workers. A disconnect cancels
 every open context at once.
+
+**A stopping gateway drains** (gateway/api/drain.py): a `start` gets `error` `going_away`
+(retryable: reconnect, another gateway takes it), open contexts run to their end, and the socket
+closes with 1001 once its last one has ended, or at the grace.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from gateway.api.auth import authenticate, bearer_key, count_request, gateway_of, identify, resolve_and_admit
+from gateway.api.drain import GOING_AWAY
 from gateway.api.errors import ApiError
 from gateway.api.state import Gateway
 from gateway.quotas import StreamSlot
@@ -136,23 +141,32 @@ class _Session:
         self.contexts: dict[str, _Context] = {}
         self.outbox: asyncio.Queue[str | bytes | None] = asyncio.Queue(OUTBOX)
         self.cut = asyncio.Event()
+        self.leave = asyncio.Event()  # the gateway's drain is over: close now (go_away)
         self.close_code = 1000
 
+    def go_away(self) -> None:
+        self.leave.set()
+
     async def run(self) -> None:
+        drain = self.gateway.streams
+        drain.join(self)
         writer = asyncio.create_task(self._write(), name="tts-stream-writer")
         reader = asyncio.create_task(self._read(), name="tts-stream-reader")
         cut = asyncio.create_task(self.cut.wait(), name="tts-stream-cut")
         keycheck = asyncio.create_task(self._check_key(), name="tts-stream-key")
+        drained = asyncio.create_task(self._until_drained(), name="tts-stream-drained")
         try:
-            await asyncio.wait({writer, reader, cut, keycheck}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({writer, reader, cut, keycheck, drained}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (reader, cut, keycheck):
+            drain.leave(self)
+            for task in (reader, cut, keycheck, drained):
                 task.cancel()
             contexts = list(self.contexts.values())
             for ctx in contexts:
                 if ctx.relay is not None:
                     ctx.relay.cancel()
-            await asyncio.gather(reader, cut, keycheck, *(c.relay for c in contexts if c.relay), return_exceptions=True)
+            await asyncio.gather(reader, cut, keycheck, drained, *(c.relay for c in contexts if c.relay),
+                                 return_exceptions=True)
             if self.outbox.full() or self.cut.is_set():
                 writer.cancel()
             else:
@@ -182,6 +196,16 @@ class _Session:
                                                   "deleted; the stream is closed and its contexts cancelled",
                                                   False)))
                 return
+
+    async def _until_drained(self) -> None:
+        """Returns (ending the session with 1001) once the gateway is stopping and this socket's
+        last context has ended, or when the drain's grace is over (`go_away`)."""
+        await self.gateway.streams.stopping.wait()
+        if self.close_code == 1000:
+            self.close_code = GOING_AWAY
+        while self.contexts and not self.leave.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.leave.wait(), 0.05)
 
     async def _write(self) -> None:
         try:
@@ -216,6 +240,11 @@ class _Session:
         if isinstance(message, Start):
             if ctx is not None:
                 await self._refuse(message, "a context with this id is open; pick a new context_id")
+                return
+            if self.gateway.streams.stopping.is_set():  # never opened: nothing counted or forwarded
+                await self._send(encode(Error("going_away", "this gateway is stopping: open a new connection and "
+                                              "start the context there (another gateway takes it)", True,
+                                              message.context_id)))
                 return
             if len(message.text) > MAX_TEXT_CHARS:  # it never opens: nothing is counted, held or forwarded
                 await self._send(encode(Error("text_too_long", f"'text' of a start is {len(message.text)} characters, "

@@ -34,6 +34,8 @@ from livekit.agents.voice.room_io import RoomOptions, TextInputEvent, TextInputO
 from gateway.livekit.metrics import AgentMetrics
 from gateway.livekit.settings import AgentSettings
 from gateway.livekit.tts import TTS
+from gpu_worker.open_cluster import require_cluster_token
+from gpu_worker.open_files import raise_open_file_limit
 from gpu_worker.protocol import UtteranceOptions
 from hashring.errors import RingUnavailable
 from hashring.membership import RingWatcher
@@ -133,7 +135,7 @@ def build_server(settings: AgentSettings, load: Callable[[], float], *, metrics_
             raise ValueError("metrics_port needs a metrics folder (settings.metrics_dir or metrics_dir)")
         port |= {"prometheus_port": settings.metrics_port, "prometheus_multiproc_dir": str(folder)}
     server = AgentServer(ws_url=settings.livekit_url, api_key=settings.livekit_api_key, api_secret=secret,
-                         load_fnc=load, load_threshold=settings.load_threshold, **port)
+                         host=settings.http_host, load_fnc=load, load_threshold=settings.load_threshold, **port)
     server.rtc_session(VoiceAgent(settings), agent_name=settings.agent_name)
     return server
 
@@ -141,7 +143,12 @@ def build_server(settings: AgentSettings, load: Callable[[], float], *, metrics_
 async def serve(settings: AgentSettings, *, devmode: bool = False) -> None:
     """Run the agent server until SIGINT/SIGTERM, then drain its jobs. Needs Redis at start-up
     (the ring is read once before registering with LiveKit); afterwards a Redis outage only makes
-    the load figure stale."""
+    the load figure stale. Raises `OpenCluster` first when `http_host` is beyond loopback and the
+    cluster token is empty or short, unless `allow_open_cluster`."""
+    token = settings.cluster_token.get_secret_value() if settings.cluster_token else None
+    require_cluster_token(settings.http_host, token, allow_open=settings.allow_open_cluster,
+                          env_prefix=AgentSettings.model_config["env_prefix"], role="agent server")
+    raise_open_file_limit()  # rooms, job processes and worker links each hold descriptors
     ring = settings.ring_settings()
     with contextlib.ExitStack() as folders:
         metrics_dir = settings.metrics_dir

@@ -29,6 +29,7 @@ def register(app: typer.Typer) -> None:
 
         from gateway.livekit.agent import serve
         from gateway.livekit.settings import AgentSettings
+        from gpu_worker.open_cluster import OpenCluster
         from hashring.errors import RingError
 
         overrides = {k: v for k, v in {"voice": voice, "redis_url": redis_url}.items() if v is not None}
@@ -40,6 +41,9 @@ def register(app: typer.Typer) -> None:
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             asyncio.run(serve(settings, devmode=dev))
+        except OpenCluster as exc:
+            typer.secho(f"error: {exc.message}", err=True, fg=typer.colors.RED)
+            raise typer.Exit(2) from None
         except RingError as exc:
             typer.secho(f"error: {exc.message}", err=True, fg=typer.colors.RED)
             raise typer.Exit(1) from None

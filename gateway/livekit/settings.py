@@ -39,6 +39,8 @@ class AgentSettings(BaseSettings):
     agent_name: str = Field("", description="set for explicit dispatch only (tokens or the dispatch API name it)")
     load_threshold: float = Field(PRODUCTION_LOAD_THRESHOLD, gt=0, le=1, description="fleet load at which this server "
                                   "reports itself full and LiveKit stops dispatching jobs to it")
+    http_host: str = Field("127.0.0.1", description="address of the health and metrics servers (livekit's own "
+                           "default is every address; the images set 0.0.0.0 for probes and Prometheus)")
     http_port: int | None = Field(None, ge=0, le=65535, description="the agent server's health endpoint (GET / and "
                                   "/worker); None: livekit's default (8081, a random port in --dev)")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="the agent server's GET /metrics (livekit-"
@@ -51,6 +53,8 @@ class AgentSettings(BaseSettings):
                            description="Redis of the workers' hash ring")
     ring_prefix: str = Field(_RING.prefix, min_length=1, description="the ring's key prefix (as the workers')")
     cluster_token: SecretStr | None = Field(None, description="the workers' VOICERING_WORKER_CLUSTER_TOKEN")
+    allow_open_cluster: bool = Field(False, description="start bound beyond loopback with an empty or short "
+                                     "cluster token (refused otherwise: gpu_worker.open_cluster)")
     voice: str = Field(..., description="voice id every job speaks with")
     seed: int | None = Field(None, ge=0, lt=2**32, description="fixed sampling seed (None: the worker's)")
     min_sentence_chars: int = Field(DEFAULT_MIN_SENTENCE_CHARS, ge=0)

@@ -3,8 +3,10 @@
 Each child is a `python -m voicering ...` command in a session of its own (a Ctrl-C at the terminal
 reaches only `up`, which stops the children in order) that also gets SIGTERM if `up` itself dies
 (no orphans). Its output is appended to `<logs>/<name>.log`, one header line per start, so a
-restarted child's earlier lives stay readable. A stop signals the whole process group (vLLM's
-engine processes included) and kills what is left of it after the grace.
+restarted child's earlier lives stay readable. A stop sends SIGTERM to the child's main process
+only: a worker drains and then stops its own vLLM engine processes, which a signal to the whole
+group would abort mid-stream (systemd's KillMode=mixed, tini without -g). Whatever of the group
+is left after the grace is killed.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class ChildSpec:
     start_timeout_s: float = 600.0
     stop_timeout_s: float = 40.0  # SIGTERM grace before SIGKILL (a worker drains its streams first)
     settle_s: float = 3.0
+    launcher: tuple[str, ...] = (sys.executable, "-m", "voicering")  # what runs `args`: this interpreter's CLI
 
 
 class Child:
@@ -77,7 +80,7 @@ class Child:
             log.write(f"--- voicering up: start {self.starts} of {self.name} at {time.strftime('%H:%M:%S')} ---\n")
             log.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "voicering", *self.spec.args], stdin=subprocess.DEVNULL, stdout=log,
+                [*self.spec.launcher, *self.spec.args], stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **self.spec.env},
                 preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
 
@@ -112,13 +115,14 @@ class Child:
                     await asyncio.wait_for(stopping.wait(), 0.5)
 
     async def stop(self) -> None:
-        """SIGTERM the process group, wait out the grace, then SIGKILL whatever is left of it."""
+        """SIGTERM the main process (it stops its own children), wait out the grace, then SIGKILL
+        whatever is left of its process group."""
         proc = self.proc
         if proc is None:
             return
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + self.spec.stop_timeout_s
             while proc.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)

@@ -14,7 +14,6 @@ given to the workers, the gateway and the agent server. The gateway's metrics se
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import socket
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 
 from gateway.stack.children import ChildSpec
 from gateway.stack.settings import UpSettings
+from gpu_worker.open_cluster import MIN_TOKEN_CHARS, is_loopback
 
 __all__ = ["ExposedWithoutToken", "Models", "PortInUse", "QUICK_CLONE_PARAMS", "StackPlan", "check_ports",
            "is_loopback", "plan_stack"]
@@ -44,16 +44,6 @@ class PortInUse(Exception):
 class ExposedWithoutToken(Exception):
     """A plan that would open workers beyond loopback without a cluster token (or with a child that
     cannot send one)."""
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` keeps every port on this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name: it may resolve to anything
-        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +80,10 @@ def plan_stack(settings: UpSettings, redis_url: str, models: Models, env: Mappin
     host, folder = settings.host, settings.folder.resolve()
     token = env.get("VOICERING_WORKER_CLUSTER_TOKEN") or cluster_token
     if not is_loopback(host):
-        if not token:
+        if not token or len(token) < MIN_TOKEN_CHARS:  # the children would refuse it (gpu_worker.open_cluster)
             raise ExposedWithoutToken(f"binding {host} opens the workers to the network: they need a cluster token "
-                                      "(voicering up keeps one in its folder) or VOICERING_WORKER_CLUSTER_TOKEN")
+                                      f"of at least {MIN_TOKEN_CHARS} characters (voicering up keeps one in its "
+                                      "folder) or VOICERING_WORKER_CLUSTER_TOKEN")
     tokens = _token_env(env, token)
     store, uploads = folder / "voices", folder / "uploads"
     cpu_kv = {} if "VLLM_CPU_KVCACHE_SPACE" in env else {"VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -129,7 +120,8 @@ def plan_stack(settings: UpSettings, redis_url: str, models: Models, env: Mappin
     if agent:
         front.append(ChildSpec(
             "agent", ("agent", "--redis", redis_url, "--voice", settings.agent_voice),
-            env={"VOICERING_AGENT_HTTP_PORT": str(settings.agent_port), **tokens["agent"]},
+            env={"VOICERING_AGENT_HTTP_HOST": host, "VOICERING_AGENT_HTTP_PORT": str(settings.agent_port),
+                 **tokens["agent"]},
             health_url=f"http://{host}:{settings.agent_port}/", ports=(settings.agent_port,), stop_timeout_s=20.0,
             start_timeout_s=120.0))
     return StackPlan((tuple(workers), tuple(front)), gateway_url, f"http://127.0.0.1:{metrics_port}/metrics",

@@ -137,12 +137,16 @@ def test_beyond_loopback_every_child_that_speaks_to_workers_gets_one_cluster_tok
     assert w0.env["VOICERING_WORKER_CLUSTER_TOKEN"] == w1.env["VOICERING_WORKER_CLUSTER_TOKEN"] == token
     assert gateway.env["VOICERING_GATEWAY_CLUSTER_TOKEN"] == token
     assert agent.env["VOICERING_AGENT_CLUSTER_TOKEN"] == token
+    # its health server binds where `up` checks it; bound there, the token is what lets it start
+    assert agent.env["VOICERING_AGENT_HTTP_HOST"] == "0.0.0.0" and agent.health_url.startswith("http://0.0.0.0:")
     # the gateway's metrics stay on loopback whatever the host
     args = dict(zip(gateway.args[1::2], gateway.args[2::2], strict=False))
     assert args["--metrics-host"] == "127.0.0.1" and plan.metrics_url.startswith("http://127.0.0.1:")
-    # without a token such a plan is refused
+    # without a token, or with one the children would refuse as too short, such a plan is refused
     with pytest.raises(ExposedWithoutToken, match="cluster token"):
         plan_stack(settings, "redis://x:1/0", Models("m", "c", True), env={})
+    with pytest.raises(ExposedWithoutToken, match="at least 16 characters"):
+        plan_stack(settings, "redis://x:1/0", Models("m", "c", True), env={"VOICERING_WORKER_CLUSTER_TOKEN": "short"})
     # the trainer sends it too, with its validation sample to the first worker
     with_trainer = plan_stack(UpSettings(folder=tmp_path, host="0.0.0.0"), "redis://x:1/0", Models("m", "c", True),
                               env={}, cluster_token=token)
