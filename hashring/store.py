@@ -67,6 +67,7 @@ from redis.backoff import NoBackoff
 
 from hashring.errors import RingError, RingUnavailable, UnknownWorker
 from hashring.records import Snapshot, WorkerInfo, check_voice_id, check_worker_id
+from hashring.redis_client import async_client
 from hashring.settings import RingSettings
 
 __all__ = ["RingStore", "Subscription", "rate_of", "redact_url"]
@@ -417,7 +418,7 @@ class RingStore:
     def __init__(self, settings: RingSettings, client: aioredis.Redis | None = None) -> None:
         self._settings = settings
         self._where = redact_url(settings.redis_url)
-        self._client = client or aioredis.from_url(
+        self._client = client or async_client(
             settings.redis_url,
             socket_timeout=settings.redis_timeout_s,
             socket_connect_timeout=settings.redis_timeout_s,

@@ -216,9 +216,9 @@ class JobQueue:
 
     @classmethod
     def connect(cls, url: str, prefix: str = "voicering:train") -> JobQueue:
-        import redis
+        from hashring.redis_client import sync_client
 
-        return cls(redis.Redis.from_url(url, decode_responses=True, socket_timeout=30), prefix)
+        return cls(sync_client(url, decode_responses=True, socket_timeout=30), prefix)
 
     def close(self) -> None:
         self.redis.close()

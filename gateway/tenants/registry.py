@@ -48,6 +48,7 @@ from gateway.tenants.records import (
     voice_id_of,
 )
 from hashring.records import shown_voice_id
+from hashring.redis_client import async_client
 
 __all__ = ["Tenants", "connect_redis"]
 
@@ -55,8 +56,8 @@ __all__ = ["Tenants", "connect_redis"]
 def connect_redis(url: str, *, timeout_s: float) -> aioredis.Redis:
     """A client as the tenant layer wants it: text replies, short timeouts, one quick reconnect
     (a pooled socket may be stale) and no slow backoff, so a dead Redis is noticed at once."""
-    return aioredis.from_url(url, decode_responses=True, socket_timeout=timeout_s,
-                             socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 1))
+    return async_client(url, decode_responses=True, socket_timeout=timeout_s,
+                        socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 1))
 
 
 class Tenants:

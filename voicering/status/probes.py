@@ -49,16 +49,15 @@ class StatusReader:
         self._probes: dict[str, Probe] = {}  # the previous sample, for the rates
 
     async def __aenter__(self) -> StatusReader:
-        import redis
-
+        from hashring.redis_client import sync_client
         from hashring.store import RingStore
         from lora_training.jobs import JobQueue
 
         s = self.settings
         self._store = RingStore(s.ring)
         timeout = s.ring.redis_timeout_s  # JobQueue.connect's 30 s would hang a status on a stuck Redis
-        client = redis.Redis.from_url(s.queue_url, decode_responses=True, socket_timeout=timeout,
-                                      socket_connect_timeout=timeout)
+        client = sync_client(s.queue_url, decode_responses=True, socket_timeout=timeout,
+                             socket_connect_timeout=timeout)
         self._queue = JobQueue(client, s.queue_prefix)
         self._threads = ThreadPoolExecutor(MAX_PROBE_THREADS, thread_name_prefix="status-probe")
         return self
