@@ -63,8 +63,9 @@ class EmbeddedRedis:
     """One redis-server process bound to 127.0.0.1; `stop()` / `start()` keep the same port."""
 
     def __init__(self, *, port: int | None = None, executable: str | None = None, startup_timeout_s: float = 10.0,
-                 data_dir: Path | None = None):
+                 data_dir: Path | None = None, args: tuple[str, ...] = ()):
         self._executable = executable or find_redis_server()
+        self._args = args  # more redis-server options, e.g. ("--aclfile", path)
         self._data_dir = data_dir
         self._port = port or _free_port()
         self._timeout = startup_timeout_s
@@ -106,7 +107,7 @@ class EmbeddedRedis:
             folder, aof = self._dir.name, "no"
         args = [
             self._executable, "--port", str(self._port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", aof, "--dir", folder, "--logfile", "redis.log", "--daemonize", "no",
+            "--appendonly", aof, "--dir", folder, "--logfile", "redis.log", "--daemonize", "no", *self._args,
         ]
         self._proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -162,7 +163,7 @@ class EmbeddedRedis:
     def _answers_ping(self) -> bool:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self._port), timeout=0.5) as sock:
             sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+            return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # NOAUTH: up, and wants a user
         return False
 
     def __enter__(self) -> EmbeddedRedis:

@@ -36,6 +36,7 @@ def _wire() -> None:
     from hashring.cli import app as ring_app
     from lora_training.cli import register as register_training
     from silence_trim.cli import app as trim_app
+    from voicering.redis_acl import command as redis_acl_command
     from voicering.status import command as status_command
     from voicering.trace import command as trace_command
 
@@ -50,6 +51,7 @@ def _wire() -> None:
     app.command("gateway")(gateway_command)
     app.command("status")(status_command)
     app.command("trace")(trace_command)
+    app.command("redis-acl")(redis_acl_command)
 
 
 _wire()
