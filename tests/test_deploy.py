@@ -30,6 +30,7 @@ import sys
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any
 from unittest import mock
 
@@ -51,7 +52,9 @@ OPERATIONS = REPO / "docs" / "operations.md"
 KUBERNETES_VERSIONS = ("1.33.0", "1.37.0")
 PROFILES = ("cpu", "gpu")
 # values for the compose file's required ${...:?} secrets while validating it
-COMPOSE_SECRETS = {"CLUSTER_TOKEN": "t" * 64, "LIVEKIT_API_KEY": "APIvoicering", "LIVEKIT_API_SECRET": "s" * 40}
+COMPOSE_SECRETS = {"CLUSTER_TOKEN": "t" * 64, "LIVEKIT_API_KEY": "APIvoicering", "LIVEKIT_API_SECRET": "s" * 40,
+                   **{f"REDIS_PASSWORD_{u.upper()}": f"{u}{'p' * 24}" for u in ("gateway", "worker", "agent", "trainer",
+                                                                           "operator")}}
 # ... and every other ${...:?} it requires (the address LiveKit advertises: a documentation address)
 COMPOSE_REQUIRED = {**COMPOSE_SECRETS, "LIVEKIT_NODE_IP": "192.0.2.10"}
 HEALTH_ROLE = {"worker": "worker", "gateway": "gateway", "agent": "agent", "train-worker": "trainer"}
@@ -95,12 +98,14 @@ def walk_cli(command=None) -> Iterator[Any]:
 @cache
 def real_env_names() -> frozenset[str]:
     """Every environment variable voicering reads: each settings field under its prefix or its
-    aliases (nested models with the delimiter), hashring's Redis URL, the CLI's envvar options."""
+    aliases (nested models with the delimiter), hashring's Redis URL, the CLI's envvar options, and
+    the passwords `voicering redis-acl` reads."""
     from pydantic import AliasChoices, BaseModel
 
     from hashring.settings import ADMIT_FACTOR_ENV, HEARTBEAT_ENV, REDIS_URL_ENV, REFRESH_ENV
+    from voicering.redis_acl import USERS, password_env
 
-    names = {REDIS_URL_ENV, HEARTBEAT_ENV, REFRESH_ENV, ADMIT_FACTOR_ENV}
+    names = {REDIS_URL_ENV, HEARTBEAT_ENV, REFRESH_ENV, ADMIT_FACTOR_ENV, *map(password_env, USERS)}
     for cls in settings_classes().values():
         prefix = cls.model_config.get("env_prefix", "")
         delimiter = cls.model_config.get("env_nested_delimiter")
@@ -400,7 +405,9 @@ def test_kustomization_lists_every_manifest_and_generates_the_secret():
     assert ".env" in (DEPLOY / ".gitignore").read_text().split(), "deploy/.env holds the compose secrets"
     assert not k8s("Secret"), "secrets come from secrets.env through the generator, never from git"
     # every key the example names is used by some container, and every container's key exists
-    used = {item["valueFrom"]["secretKeyRef"]["key"] for _, c in containers() for item in c.get("env", [])
+    every = [c for w in workloads() for kind in ("initContainers", "containers")
+             for c in w["spec"]["template"]["spec"].get(kind, [])]  # Redis's and its init container too
+    used = {item["valueFrom"]["secretKeyRef"]["key"] for c in every for item in c.get("env", [])
             if "secretKeyRef" in item.get("valueFrom", {})}
     assert used == set(env_file(SECRETS_EXAMPLE))
 
@@ -424,13 +431,20 @@ def test_every_container_runs_a_real_command_with_valid_settings():
     assert seen == {"worker", "gateway", "agent", "train-worker"}
 
 
+# the Redis ACL user of each process (voicering/redis_acl.py)
+REDIS_USER = {"worker": "worker", "gateway": "gateway", "agent": "agent", "train-worker": "trainer"}
+
+
 def fleet_agreement(settings_by_process: list[tuple[str, Any]]) -> None:
     """What every process of a fleet must agree on: one Redis, one ring prefix, one training queue,
     one cluster token, one adapter-rank limit, one base model and codec."""
     def values(fields: dict[str, str]) -> set:
         return {str(getattr(s, fields[sub])) for sub, s in settings_by_process if sub in fields}
 
-    redis = values({"worker": "redis_url", "gateway": "redis_url", "agent": "redis_url", "train-worker": "redis_url"})
+    urls = [(sub, urlsplit(str(s.redis_url))) for sub, s in settings_by_process if hasattr(s, "redis_url")]
+    redis = {u._replace(netloc=u.netloc.rsplit("@", 1)[-1]).geturl() for _, u in urls}  # one Redis, ...
+    users = {sub: u.username for sub, u in urls}  # ... each process as its own ACL user (voicering redis-acl)
+    assert all(users[sub] == REDIS_USER[sub] for sub in users), users
     prefixes = values({"worker": "ring_prefix", "gateway": "ring_prefix", "agent": "ring_prefix"})
     queues = values({"gateway": "train_prefix", "train-worker": "queue_prefix"})
     tokens = {s.cluster_token if isinstance(s.cluster_token, str) or s.cluster_token is None
@@ -1153,3 +1167,46 @@ def test_gpu_pods_land_on_sm80_nodes_and_fit_a_single_gpu_node():
     # a 4 vCPU / 16 GiB single-GPU node has roughly 3.5 CPU and 13-14 GiB allocatable
     assert float(requests["cpu"]) <= 3 and int(requests["memory"].removesuffix("Gi")) <= 12
     assert int(container["resources"]["limits"]["memory"].removesuffix("Gi")) <= 14
+
+
+# -- Redis ACL users -------------------------------------------------------------------------------
+
+def test_k8s_processes_sign_in_as_the_users_redis_acl_defines():
+    """Redis starts with the file `voicering redis-acl` writes from the Secret's REDIS_PASSWORD_*, and each
+    workload's URL carries its own user with that user's password key (the default user is off)."""
+    from voicering.redis_acl import USERS, password_env
+
+    redis = one("StatefulSet", "voicering-redis")["spec"]["template"]["spec"]
+    (init,) = redis["initContainers"]
+    assert init["command"][:2] == ["voicering", "redis-acl"] and init["image"].startswith("voicering-gateway")
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in init["env"]}
+    assert refs == {password_env(u): f"REDIS_PASSWORD_{u.upper()}" for u in USERS}
+    (server,) = redis["containers"]
+    assert server["args"][server["args"].index("--aclfile") + 1] == init["command"][init["command"].index("--out") + 1]
+    for workload, container in containers():
+        sub = subcommand_of(container.get("args") or [])
+        if sub not in REDIS_USER:
+            continue
+        keys = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in container["env"] if "valueFrom" in e
+                and "secretKeyRef" in e["valueFrom"]}
+        assert keys["REDIS_PASSWORD"] == f"REDIS_PASSWORD_{REDIS_USER[sub].upper()}", workload["metadata"]["name"]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compose_processes_sign_in_as_the_users_redis_acl_defines(profile):
+    from voicering.redis_acl import USERS, acl_file, password_env
+
+    services = compose(profile)["services"]
+    acl_env = {k: str(v) for k, v in services["redis-acl"]["environment"].items()}
+    passwords = {u: acl_env[password_env(u)] for u in USERS}
+    acl_file(passwords)  # every password is there and long enough
+    assert "--aclfile" in services["redis"]["command"] and "livekit-redis:6379" in services["livekit"]["command"]
+    signed_in = set()
+    for service in voicering_services(profile).values():
+        env = service_env(service)
+        for sub in [parse_cli(c)[0] for c in voicering_commands(service_command(service), env)]:
+            if sub in REDIS_USER:
+                url = urlsplit(str(build_settings(sub, env).redis_url))
+                assert (url.username, url.password) == (REDIS_USER[sub], passwords[REDIS_USER[sub]])
+                signed_in.add(sub)
+    assert signed_in == set(REDIS_USER)

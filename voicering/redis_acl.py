@@ -8,8 +8,9 @@ own keys, and the default user is off:
     trainer         the training queue's keys
     gateway         all three prefixes (tenants, the queue it submits to, the ring it routes by)
     operator        everything (`redis-cli`, `voicering ring|tenant|status`)
-    livekit         every key (LiveKit's server keeps its own, unprefixed; give it its own Redis
-                    to keep it away from voicering's)
+
+A LiveKit server keeps its own keys, unprefixed: give it its own Redis (the compose file does),
+never this one.
 
 Components get every command but Redis's `@dangerous` ones (CONFIG, FLUSHALL, KEYS, DEBUG, ...).
 Passwords come from `VOICERING_REDIS_PASSWORD_<USER>` and go into the file only as SHA-256.
@@ -21,11 +22,12 @@ import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 import typer
 
-__all__ = ["MIN_PASSWORD_CHARS", "USERS", "AclUser", "Prefixes", "acl_file", "acl_users", "command"]
+__all__ = ["MIN_PASSWORD_CHARS", "USERS", "AclUser", "Prefixes", "acl_file", "acl_users", "command", "password_env"]
 
 MIN_PASSWORD_CHARS: Final = 16
 COMPONENT_COMMANDS: Final = "+@all -@dangerous"
@@ -48,7 +50,12 @@ class AclUser:
     commands: str
 
 
-USERS: Final = ("gateway", "worker", "agent", "trainer", "operator", "livekit")
+USERS: Final = ("gateway", "worker", "agent", "trainer", "operator")
+
+
+def password_env(user: str) -> str:
+    """The environment variable `voicering redis-acl` reads the user's password from."""
+    return f"VOICERING_REDIS_PASSWORD_{user.upper()}"
 
 
 def acl_users(prefixes: Prefixes = Prefixes()) -> tuple[AclUser, ...]:
@@ -59,7 +66,6 @@ def acl_users(prefixes: Prefixes = Prefixes()) -> tuple[AclUser, ...]:
         AclUser("agent", ring, ring, COMPONENT_COMMANDS),
         AclUser("trainer", (f"{prefixes.train}:*",), (), COMPONENT_COMMANDS),
         AclUser("operator", ("*",), ("*",), "+@all"),
-        AclUser("livekit", ("*",), ("*",), COMPONENT_COMMANDS),
     )
 
 
@@ -69,7 +75,7 @@ def acl_file(passwords: Mapping[str, str], prefixes: Prefixes = Prefixes()) -> s
     weak = [u for u in USERS if len(passwords.get(u) or "") < MIN_PASSWORD_CHARS]
     if weak:
         raise ValueError(f"set a password of at least {MIN_PASSWORD_CHARS} characters for "
-                         + ", ".join(f"{u} (VOICERING_REDIS_PASSWORD_{u.upper()})" for u in weak))
+                         + ", ".join(f"{u} ({password_env(u)})" for u in weak))
     lines = ["user default reset"]  # off: every client names its user
     for user in acl_users(prefixes):
         digest = hashlib.sha256(passwords[user.name].encode()).hexdigest()
@@ -86,11 +92,21 @@ def command(
     ring_prefix: str = typer.Option(_DEFAULT.ring, "--ring-prefix", help="RingSettings.prefix of the fleet."),
     tenant_prefix: str = typer.Option(_DEFAULT.tenants, "--tenant-prefix", help="The gateways' tenant_prefix."),
     train_prefix: str = typer.Option(_DEFAULT.train, "--train-prefix", help="The training queue's prefix."),
+    out: Path | None = typer.Option(None, "--out", help="Write the file here instead of printing it (mode 0644: "
+                                    "the Redis server, another user, reads it; it holds only SHA-256 digests)."),
 ) -> None:
     """Print the fleet's Redis ACL file (one user per component) from VOICERING_REDIS_PASSWORD_<USER>."""
-    passwords = {u: os.environ.get(f"VOICERING_REDIS_PASSWORD_{u.upper()}", "") for u in USERS}
+    passwords = {u: os.environ.get(password_env(u), "") for u in USERS}
     try:
-        typer.echo(acl_file(passwords, Prefixes(ring_prefix, tenant_prefix, train_prefix)), nl=False)
+        text = acl_file(passwords, Prefixes(ring_prefix, tenant_prefix, train_prefix))
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(out, 0o644)  # whatever the umask: redis-server runs as another user
