@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 __all__ = ["EmbeddedRedis", "die_with_parent", "find_redis_server"]
 
@@ -63,9 +64,10 @@ class EmbeddedRedis:
     """One redis-server process bound to 127.0.0.1; `stop()` / `start()` keep the same port."""
 
     def __init__(self, *, port: int | None = None, executable: str | None = None, startup_timeout_s: float = 10.0,
-                 data_dir: Path | None = None, args: tuple[str, ...] = ()):
+                 data_dir: Path | None = None, args: tuple[str, ...] = (), password: str | None = None):
         self._executable = executable or find_redis_server()
         self._args = args  # more redis-server options, e.g. ("--aclfile", path)
+        self._password = password  # the default user needs it (kept in a 0600 config file, not in argv)
         self._data_dir = data_dir
         self._port = port or _free_port()
         self._timeout = startup_timeout_s
@@ -82,7 +84,8 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self._port}/0"
+        auth = f":{quote(self._password, safe='')}@" if self._password else ""
+        return f"redis://{auth}127.0.0.1:{self._port}/0"
 
     @property
     def running(self) -> bool:
@@ -105,8 +108,16 @@ class EmbeddedRedis:
             if self._dir is None:
                 self._dir = tempfile.TemporaryDirectory(prefix="voicering-redis-")
             folder, aof = self._dir.name, "no"
+        config = []
+        if self._password:  # a config file, not argv: any local user can read a process's command line
+            auth = Path(folder) / "auth.conf"
+            fd = os.open(auth, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                quoted = self._password.replace("\\", "\\\\").replace('"', '\\"')
+                out.write(f'requirepass "{quoted}"\n')
+            config = [str(auth)]
         args = [
-            self._executable, "--port", str(self._port), "--bind", "127.0.0.1", "--save", "",
+            self._executable, *config, "--port", str(self._port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", aof, "--dir", folder, "--logfile", "redis.log", "--daemonize", "no", *self._args,
         ]
         self._proc = subprocess.Popen(

@@ -2,9 +2,10 @@
 
 The folder holds a lock (flock: released by the kernel when `up` dies, however it dies, so a crash
 never leaves a stale lock), `up.json` (pid, state, URLs: what a second `up`, the demo or a
-script reads), `tenant.json` (the local tenant's API key, mode 0600: keys are kept in Redis
-only as digests, so this file is the one copy `up` can reuse on its next start) and, when `up`
-binds beyond loopback, `cluster-token` (the workers' cluster token, mode 0600, reused likewise).
+script reads; mode 0600: it holds the Redis URL with its password), `tenant.json` (the local
+tenant's API key, mode 0600: keys are kept in Redis only as digests, so this file is the one copy
+`up` can reuse on its next start), `redis-password` (the embedded Redis's, mode 0600, reused
+likewise) and, when `up` binds beyond loopback, `cluster-token` (the workers' cluster token).
 """
 
 from __future__ import annotations
@@ -75,22 +76,29 @@ class StackFolder:
     def token_file(self) -> Path:
         return self.path / "cluster-token"
 
+    @property
+    def redis_password_file(self) -> Path:
+        return self.path / "redis-password"
+
     def cluster_token(self) -> str:
         """The folder's cluster token: the one kept from an earlier start, or a new one (0600)."""
+        return self._kept_secret(self.token_file)
+
+    def redis_password(self) -> str:
+        """The embedded Redis's password: the one kept from an earlier start, or a new one (0600)."""
+        return self._kept_secret(self.redis_password_file)
+
+    def _kept_secret(self, path: Path) -> str:
         try:
-            token = self.token_file.read_text().strip()
-            if token:
-                return token
+            secret = path.read_text().strip()
+            if secret:
+                return secret
         except OSError:
             pass
-        token = secrets.token_urlsafe(32)
+        secret = secrets.token_urlsafe(32)
         self.path.mkdir(parents=True, exist_ok=True)
-        tmp = self.token_file.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(token + "\n")
-        tmp.replace(self.token_file)
-        return token
+        _write_private(path, secret + "\n")
+        return secret
 
     def acquire(self) -> None:
         """Take the folder, or raise `AlreadyRunning` with what the holder wrote about itself."""
@@ -111,9 +119,7 @@ class StackFolder:
             self._lock = None
 
     def write_state(self, state: UpState) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(state), indent=2))
-        tmp.replace(self.state_file)
+        _write_private(self.state_file, json.dumps(asdict(state), indent=2))
 
     def read_key(self) -> LocalKey | None:
         try:
@@ -123,8 +129,14 @@ class StackFolder:
             return None
 
     def write_key(self, key: LocalKey) -> None:
-        tmp = self.key_file.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(asdict(key), out, indent=2)
-        tmp.replace(self.key_file)
+        _write_private(self.key_file, json.dumps(asdict(key), indent=2))
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Replace `path` atomically with `text`, readable by this user only (0600)."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(tmp, 0o600)  # an older tmp file may have had other bits
+    tmp.replace(path)

@@ -85,6 +85,9 @@ def plan_stack(settings: UpSettings, redis_url: str, models: Models, env: Mappin
                                       f"of at least {MIN_TOKEN_CHARS} characters (voicering up keeps one in its "
                                       "folder) or VOICERING_WORKER_CLUSTER_TOKEN")
     tokens = _token_env(env, token)
+    # in each child's environment, not its argv: any local user reads a command line (ps), and the
+    # URL may hold a password (the embedded Redis's)
+    redis = {child: {name: redis_url} for child, name in REDIS_URL_ENV.items()}
     store, uploads = folder / "voices", folder / "uploads"
     cpu_kv = {} if "VLLM_CPU_KVCACHE_SPACE" in env else {"VLLM_CPU_KVCACHE_SPACE": "1"}
     base_voices = {} if "VOICERING_WORKER_BASE_VOICES" in env else {"VOICERING_WORKER_BASE_VOICES": json.dumps(BASE_VOICES)}
@@ -95,37 +98,41 @@ def plan_stack(settings: UpSettings, redis_url: str, models: Models, env: Mappin
         urls.append(f"ws://{host}:{port}")
         workers.append(ChildSpec(
             f"worker-{i}", ("worker", "--model", models.model, "--codec", models.codec, "--voices-dir", str(store),
-                            "--redis", redis_url, "--worker-id", worker_id, "--host", host, "--port", str(port)),
-            env={**cpu_kv, **base_voices, **tokens["worker"]}, health_url=f"http://{host}:{port}/health", ports=(port,),
+                            "--worker-id", worker_id, "--host", host, "--port", str(port)),
+            env={**cpu_kv, **base_voices, **tokens["worker"], **redis["worker"]}, health_url=f"http://{host}:{port}/health", ports=(port,),
             start_timeout_s=settings.start_timeout_s))
     gateway_url = f"http://{host}:{settings.gateway_port}"
     metrics_port = settings.metrics_port()
     clone = {} if "VOICERING_GATEWAY_CLONE_PARAMS" in env or not models.stand_in else {
         "VOICERING_GATEWAY_CLONE_PARAMS": json.dumps(QUICK_CLONE_PARAMS)}
     front = [ChildSpec(
-        "gateway", ("gateway", "--host", host, "--port", str(settings.gateway_port), "--redis", redis_url,
+        "gateway", ("gateway", "--host", host, "--port", str(settings.gateway_port),
                     "--voices-dir", str(store), "--uploads-dir", str(uploads), "--metrics-host", "127.0.0.1",
                     "--metrics-port", str(metrics_port)),
-        env={**clone, **tokens["gateway"]}, health_url=f"{gateway_url}/health",
+        env={**clone, **tokens["gateway"], **redis["gateway"]}, health_url=f"{gateway_url}/health",
         ports=(settings.gateway_port, metrics_port), start_timeout_s=120.0,
         stop_timeout_s=20.0)]
     if settings.trainer:
         device = {"VOICERING_TRAIN_DEVICE": "cpu"} if models.stand_in and "VOICERING_TRAIN_DEVICE" not in env else {}
         front.append(ChildSpec(
-            "trainer", ("train-worker", "--redis-url", redis_url, "--model", models.model, "--codec", models.codec,
+            "trainer", ("train-worker", "--model", models.model, "--codec", models.codec,
                         "--store", str(store), "--work-dir", str(folder / "training"), "--worker-url", urls[0],
                         "--consumer", "up-trainer"),
-            env={**device, **tokens["trainer"]}, stop_timeout_s=20.0, start_timeout_s=settings.start_timeout_s))
+            env={**device, **tokens["trainer"], **redis["trainer"]}, stop_timeout_s=20.0, start_timeout_s=settings.start_timeout_s))
     agent = livekit_configured(env)
     if agent:
         front.append(ChildSpec(
-            "agent", ("agent", "--redis", redis_url, "--voice", settings.agent_voice),
+            "agent", ("agent", "--voice", settings.agent_voice),
             env={"VOICERING_AGENT_HTTP_HOST": host, "VOICERING_AGENT_HTTP_PORT": str(settings.agent_port),
-                 **tokens["agent"]},
+                 **tokens["agent"], **redis["agent"]},
             health_url=f"http://{host}:{settings.agent_port}/", ports=(settings.agent_port,), stop_timeout_s=20.0,
             start_timeout_s=120.0))
     return StackPlan((tuple(workers), tuple(front)), gateway_url, f"http://127.0.0.1:{metrics_port}/metrics",
                      tuple(urls), tuple(ids), agent)
+
+
+REDIS_URL_ENV = {"worker": "VOICERING_WORKER_REDIS_URL", "gateway": "VOICERING_GATEWAY_REDIS_URL",
+                 "agent": "VOICERING_AGENT_REDIS_URL", "trainer": "VOICERING_TRAIN_REDIS_URL"}
 
 
 def _token_env(env: Mapping[str, str], token: str | None) -> dict[str, dict[str, str]]:

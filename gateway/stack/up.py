@@ -77,12 +77,12 @@ async def check_worker_ids(redis_url: str, worker_ids: tuple[str, ...]) -> None:
     """Refuse to start workers whose ids are alive in this Redis's ring (another stack's): two
     processes heartbeating one id would take turns owning its voices."""
     from hashring.settings import RingSettings
-    from hashring.store import RingStore
+    from hashring.store import RingStore, redact_url
 
     async with RingStore(RingSettings.from_env(redis_url=redis_url)) as store:
         taken = sorted(set(worker_ids) & (await store.snapshot()).live)
     if taken:
-        raise WorkerIdsInUse(f"worker id(s) {', '.join(taken)} are alive in the ring at {redis_url} (another "
+        raise WorkerIdsInUse(f"worker id(s) {', '.join(taken)} are alive in the ring at {redact_url(redis_url)} (another "
                              "`voicering up` or fleet uses them): pass --worker-id-prefix, or stop the other one")
 
 
@@ -114,7 +114,10 @@ def _banner(plan: StackPlan, key, created: bool, redis_url: str, settings: UpSet
     if token:
         lines += [f"  cluster token {settings.folder / 'cluster-token'}   (workers want it as 'Authorization: "
                   "Bearer', /metrics too)"]
-    lines += [f"  Redis         {redis_url}", f"  logs          {settings.logs}/",
+    from hashring.store import redact_url
+
+    lines += [f"  Redis         {redact_url(redis_url)}   (the whole URL: redis_url in {settings.folder / 'up.json'})",
+              f"  logs          {settings.logs}/",
               "  LiveKit agent " + ("running" if plan.agent else "off (set LIVEKIT_URL, LIVEKIT_API_KEY, "
                                                                   "LIVEKIT_API_SECRET to run it)"),
               "Ctrl-C stops everything."]
@@ -143,8 +146,13 @@ async def run_up(settings: UpSettings, *, report: Callable[[str], None] = say) -
 async def _run(settings: UpSettings, folder: StackFolder, interrupt: asyncio.Event, report) -> int:
     from hashring.embedded import EmbeddedRedis
 
-    embedded = None if settings.redis_url else EmbeddedRedis(data_dir=(settings.folder / "redis").resolve())
+    from hashring.store import redact_url
+
+    # the embedded Redis wants a password (kept in the folder): other local users can reach 127.0.0.1
+    embedded = None if settings.redis_url else EmbeddedRedis(data_dir=(settings.folder / "redis").resolve(),
+                                                             password=folder.redis_password())
     redis_url = settings.redis_url or embedded.url
+    shown = redact_url(redis_url)
     # the plan as far as ports and worker ids go (the stand-in's paths are known once it is built)
     named = Models("<stand-in>", "<stand-in>", True) if settings.model is None else \
         Models(settings.model, settings.codec, False)
@@ -158,7 +166,7 @@ async def _run(settings: UpSettings, folder: StackFolder, interrupt: asyncio.Eve
         report(f"error: {exc}")
         return EXIT_REFUSED
     except Exception as exc:  # the given Redis cannot be reached
-        report(f"error: cannot use the Redis at {redis_url}: {exc}")
+        report(f"error: cannot use the Redis at {shown}: {exc}")
         return EXIT_REFUSED
     supervisor: Supervisor | None = None
     plan: StackPlan | None = None
@@ -170,7 +178,8 @@ async def _run(settings: UpSettings, folder: StackFolder, interrupt: asyncio.Eve
             models = named
         if embedded is not None:
             embedded.start()
-            report(f"embedded Redis on {redis_url} (data kept in {settings.folder / 'redis'})")
+            report(f"embedded Redis on {shown} (data kept in {settings.folder / 'redis'}; its password in "
+                   f"{folder.redis_password_file})")
         plan = plan_stack(settings, redis_url, models, cluster_token=token)
         state = UpState(os.getpid(), "starting", plan.gateway_url, list(plan.worker_urls), list(plan.worker_ids),
                         redis_url, settings.tenant, str(folder.key_file), str(settings.logs), plan.agent,

@@ -19,10 +19,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
 import pytest
+import redis
 
 from gateway.stack.folder import AlreadyRunning, StackFolder
 from gateway.stack.local_tenant import ensure_local_tenant
@@ -105,9 +107,14 @@ def test_real_weights_plan_builds_no_stand_in_and_keeps_the_trainer_s_own_defaul
     assert [w.name for w in workers] == ["worker-0", "worker-1"] and [c.name for c in front] == ["gateway", "trainer"]
     args = dict(zip(workers[1].args[1::2], workers[1].args[2::2], strict=True))
     assert args["--model"] == "/models/orpheus-3b" and args["--port"] == "9101" and args["--worker-id"] == "up-worker-1"
-    assert args["--redis"] == "redis://10.0.0.5:6379/0" and args["--voices-dir"] == str((tmp_path / "f" / "voices").resolve())
+    assert args["--voices-dir"] == str((tmp_path / "f" / "voices").resolve())
     assert json.loads(workers[0].env["VOICERING_WORKER_BASE_VOICES"]) == ["tara", "leo"]
-    assert front[0].env == {} and front[1].env == {}  # no quick clones, no forced CPU training
+    # the Redis URL (it may hold a password) goes by environment, never on a command line (ps shows those)
+    url = "redis://10.0.0.5:6379/0"
+    assert workers[1].env["VOICERING_WORKER_REDIS_URL"] == url
+    # no quick clones, no forced CPU training
+    assert front[0].env == {"VOICERING_GATEWAY_REDIS_URL": url} and front[1].env == {"VOICERING_TRAIN_REDIS_URL": url}
+    assert not any(url in arg for spec in plan.specs for arg in spec.args)
     assert plan.worker_urls == ("ws://127.0.0.1:9100", "ws://127.0.0.1:9101") and not plan.agent
     assert "--worker-url" in front[1].args and front[1].args[front[1].args.index("--worker-url") + 1] == plan.worker_urls[0]
 
@@ -306,6 +313,28 @@ def test_up_prints_its_urls_and_a_key_that_works(stack):
                               "max_tokens": 14}, timeout=120)
     assert spoken.status_code == 200 and len(spoken.content) == 2 * 2048 * 2
     assert httpx.get(f"{worker_http}/health", timeout=10).json()["worker_id"] == state["worker_ids"][0]
+
+
+def test_the_embedded_redis_wants_the_folder_s_password_and_no_command_line_shows_it(stack):
+    folder, url = stack["folder"], stack["state"]["redis_url"]
+    password = (folder / "redis-password").read_text().strip()
+    assert len(password) >= 32 and urlsplit(url).password == password
+    for private in ("redis-password", "up.json", "tenant.json"):
+        assert (folder / private).stat().st_mode & 0o777 == 0o600, private
+    anonymous = redis.Redis(port=urlsplit(url).port, socket_timeout=5)
+    with pytest.raises(redis.AuthenticationError):  # another local user reaches 127.0.0.1 too
+        anonymous.ping()
+    anonymous.close()
+    signed_in = redis.Redis.from_url(url, socket_timeout=5)
+    assert signed_in.ping()
+    signed_in.close()
+    assert any("worker" in p.cmdline() for p in processes_of(folder))
+    shown = []  # ps shows every user every command line: none of this machine's holds the password
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            shown.append(" ".join(proc.info["cmdline"] or ()))
+    assert not any(password in line for line in shown)
+    assert password not in stack["log"].read_text()  # the banner shows the URL redacted
 
 
 def test_a_second_up_in_the_same_folder_is_refused_and_names_the_first(stack):
