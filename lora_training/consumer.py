@@ -318,6 +318,8 @@ class TrainWorker:
         except JobStopped as err:
             return self._finish(delivery, lease, spec, keys=keys, state="cancelled", message=err.message)
         except TrainingError as err:
+            if err.detail:  # the library's own words stay here: the job record and the API get `message`
+                log.info("job %s: %s (%s)", job_id, err.message, err.detail)
             if not err.retryable and self._cancel_requested(job_id):  # e.g. its uploads went with its voice
                 log.info("job %s was cancelled while it failed: %s", job_id, err.message)
                 return self._finish(delivery, lease, spec, keys=keys, state="cancelled",

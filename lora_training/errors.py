@@ -17,7 +17,8 @@
     ├── ValidationError (not retryable) the trained adapter failed the serving stack's checks
     └── InfrastructureError (retryable) Redis, the validation worker or the disk failed
 
-Foreign errors (soundfile, PyAV, Redis, websockets) are mapped at the module that calls them.
+Foreign errors (soundfile, PyAV, Redis, websockets) are mapped at the module that calls them. Their
+own text (server paths, exception names) goes in `detail`, for logs; `message` is for the creator.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ class TrainingError(Exception):
     code = "training_error"
     retryable = False
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, detail: str = "") -> None:
         super().__init__(message)
         self.message = message
+        self.detail = detail  # the foreign library's words (paths, exception names): logged, never shown
 
 
 class InputError(TrainingError):

@@ -298,22 +298,23 @@ def _open(path: Path) -> Iterator[_Source]:
     except (sf.SoundFileError, RuntimeError, ValueError, TypeError) as sf_error:
         first = sf_error
     except OSError as err:
-        raise AudioError(f"{path.name}: cannot open the file ({err})") from None
+        raise AudioError(f"{path.name}: the file could not be opened; upload it again", detail=str(err)) from None
     else:
         with handle:
             declared = handle.frames / handle.samplerate if handle.samplerate > 0 and handle.frames > 0 else None
             try:
                 yield _Source(declared, _sf_blocks(handle))
             except (sf.SoundFileError, RuntimeError) as err:
-                raise AudioError(f"{path.name}: the audio is damaged midway ({err}); export it again") from None
+                raise _damaged(path, err) from None
         return
     import av
 
     try:
         container = av.open(str(path))
     except Exception as av_error:  # PyAV raises many error types (av.error.*); all mean "not decodable"
-        raise AudioError(f"{path.name}: not a readable audio file ({first}; {type(av_error).__name__}: "
-                         f"{av_error}). Upload wav, flac, mp3, ogg/opus or m4a.") from None
+        raise AudioError(f"{path.name}: not a readable audio file (another kind of file with an audio name, or a "
+                         "damaged one); export the recording as wav, flac, mp3, ogg/opus or m4a and upload that",
+                         detail=f"soundfile: {first}; PyAV: {type(av_error).__name__}: {av_error}") from None
     with container:
         if not container.streams.audio:
             raise AudioError(f"{path.name}: the file has no audio stream")
@@ -326,7 +327,12 @@ def _open(path: Path) -> Iterator[_Source]:
         try:
             yield _Source(declared, _av_blocks(container, stream))
         except (av.error.FFmpegError, ValueError) as err:  # a damaged packet, a stream that changes format
-            raise AudioError(f"{path.name}: the audio is damaged midway ({err}); export it again") from None
+            raise _damaged(path, err) from None
+
+
+def _damaged(path: Path, err: Exception) -> AudioError:
+    return AudioError(f"{path.name}: the audio is damaged partway through; export the recording again and upload it",
+                      detail=f"{type(err).__name__}: {err}")
 
 
 def _sf_blocks(handle) -> Iterator[tuple[np.ndarray, int]]:

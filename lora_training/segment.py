@@ -9,10 +9,11 @@ Two ways to group speech into pieces:
 
 - `pack`: no text yet (ASR will transcribe each piece): greedy, pieces up to `clip_max_s`,
   short pieces merged with a neighbour.
-- `align`: a transcript for a whole file longer than one clip. Its sentences are matched to the
-  pauses by dynamic programming (sentence boundaries land near where their share of characters
-  puts them, preferring long pauses), then checked: the file and every sentence must be spoken at
-  a plausible rate, or the transcript does not match the audio and the file is refused. (Without
+- `align`: a transcript for a whole file. A file whose speech fits one clip (or a one-sentence
+  transcript) stays one piece; a longer one has its sentences matched to the pauses by dynamic
+  programming (sentence boundaries land near where their share of characters puts them, preferring
+  long pauses). Either way it is checked: the file, and every sentence, must be spoken at a
+  plausible rate, or the transcript does not match the audio and the file is refused. (Without
   ASR this is a plausibility check, not a proof: a transcript with the right sentence count and
   lengths but other words passes it.)
 
@@ -128,6 +129,7 @@ def align(sentences: list[str], regions: list[tuple[int, int]], total: int, data
         return []
     if regions[-1][1] - regions[0][0] <= data.clip_max_s * SAMPLE_RATE or len(sentences) <= 1:
         text = " ".join(sentences)
+        _check_rates([(regions[0][0], regions[-1][1], text)], name)  # one clip's transcript must fit its audio too
         return [Piece(0, total, regions[0][0], regions[-1][1], text)]
     gaps = len(regions) - 1
     if gaps < len(sentences) - 1:

@@ -107,6 +107,9 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             schema.setdefault("components", {}).setdefault("schemas", {}).update(speech.body_schemas())
+            # this gateway's own limit (a setting), so clients such as the web page can check before sending
+            text = schema["components"]["schemas"]["SpeechRequest"]["properties"]["input"]
+            text["maxLength"] = settings.max_input_chars
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -17,6 +17,7 @@ Errors of the layers below are mapped here, once, at the HTTP boundary:
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -57,6 +58,7 @@ class ApiError(Exception):
         if retry_after_s is None and retryable and status in (429, 503):
             retry_after_s = _RETRY_AFTER_S
         self.retry_after_s = retry_after_s
+        self.trace_id: str | None = None  # set where the gateway logged more than it answers: quote it to find that
 
     def body(self) -> dict[str, Any]:
         body = error_body(self.message, self.type, self.param, self.code)
@@ -64,9 +66,10 @@ class ApiError(Exception):
         return body
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after_s is None:
-            return {}
-        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+        headers = {} if self.trace_id is None else {"x-voicering-trace-id": self.trace_id}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        return headers
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers())
@@ -94,7 +97,12 @@ def from_tenant_error(exc: TenantError, *, param: str | None = None) -> ApiError
     if isinstance(exc, StoreError):
         return ApiError(500, "the gateway's tenant store failed; retry later or tell the operator",
                         type="server_error", code="tenant_store_error")
-    return ApiError(400, exc.message, param=param, code=type(exc).__name__)
+    return ApiError(400, exc.message, param=param, code=_snake(type(exc).__name__))
+
+
+def _snake(name: str) -> str:
+    """InvalidName -> invalid_name: an API code, not the gateway's class name."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 def from_worker_error(exc: WorkerRequestError) -> ApiError:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -49,6 +50,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from gateway.api.auth import caller, count_request, gateway_of
 from gateway.api.edge import read_body
 from gateway.api.errors import ApiError, from_tenant_error
+from gateway.api.speech import TRACE_HEADER, request_trace
 from gateway.api.state import Gateway
 from gateway.cloning import (TRANSCRIPT_SUFFIXES, SIDECAR_SUFFIX, BadUpload, CloneError, CloneUnavailable, CloneWatcher,
                              Cloning, DecodesBusy, NotDeletable, SampleNotFound, Upload, UploadTimeout, UploadTooLarge,
@@ -56,6 +58,8 @@ from gateway.cloning import (TRANSCRIPT_SUFFIXES, SIDECAR_SUFFIX, BadUpload, Clo
 from gateway.tenants import Tenant, TenantError
 
 __all__ = ["lifecycle", "router"]
+
+log = logging.getLogger(__name__)
 
 MAX_FIELD_BYTES: Final = 1 << 20  # one text field (a transcripts text can be long; the rest are short)
 MAX_FILES: Final = 500
@@ -74,7 +78,7 @@ _UPLOAD_SCHEMA = {
         "type": "object", "required": ["name", "files"],
         "properties": {
             "name": {"type": "string", "description": "the voice's name: letters, digits, '._-'"},
-            "files": {"type": "array", "items": {"type": "string", "format": "binary"},
+            "files": {"type": "array", "items": {"type": "string", "format": "binary"}, "maxItems": MAX_FILES,
                       "description": "recordings (wav, flac, mp3, ogg/opus, m4a...), about 10 minutes of speech; "
                                      "a <stem>.txt among them is the transcript of <stem>.<ext>"},
             "transcripts": {"type": "string", "format": "binary",
@@ -95,11 +99,17 @@ async def create_voice(request: Request, tenant: Annotated[Tenant, Depends(calle
     """Upload recordings and queue a clone; poll `GET /v1/voices/{name}` until it is `ready`."""
     gateway = gateway_of(request)
     cloning = Cloning(gateway)
+    trace = request_trace(request.headers.getlist(TRACE_HEADER))
     try:
         upload = await receive_upload(request, tenant, cloning)
         view = await cloning.create(tenant, upload)
     except (CloneError, TenantError) as exc:
-        raise _api_error(exc) from None
+        error = _api_error(exc)
+        if isinstance(exc, CloneError) and exc.detail:  # the decoder's words name server paths: the log keeps them
+            log.warning("upload of tenant %s refused (trace %s): %s [%s]", tenant.id, trace.trace_id, exc.message,
+                        exc.detail)
+            error.trace_id = trace.trace_id
+        raise error from None
     return JSONResponse(view.to_json(), status_code=202)
 
 

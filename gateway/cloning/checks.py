@@ -105,7 +105,7 @@ def check_consent_audio(upload: Upload, data: DataParams, check: Check | None = 
                         "of the consent phrase", code="consent_audio_too_long", param="consent_audio") from None
     except InputError as err:
         raise BadUpload(f"the consent recording: {err.message.replace(path.name + ': ', '')}", code=err.code,
-                        param="consent_audio") from None
+                        param="consent_audio", detail=err.detail) from None
     regions = regions_of(active_frames(seen.levels), seen.samples, data)
     if not regions:
         raise BadUpload("the consent recording holds no speech (only silence or steady noise): record the speaker "
@@ -171,7 +171,7 @@ def check_uploads(upload: Upload, data: DataParams, *, asr: bool, check: Check |
         findings += check_upload(speech_s, thresholds)
     except InputError as err:
         raise BadUpload(err.message, code=err.code, param="transcripts" if isinstance(err, TranscriptError)
-                        else "files") from None
+                        else "files", detail=err.detail) from None
     refused = blocks(findings)
     if refused:
         raise BadUpload(_blocks_message(refused), code="upload_checks", param="files", findings=to_dicts(refused))

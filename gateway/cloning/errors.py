@@ -13,11 +13,12 @@ class CloneError(Exception):
 
     code = "clone_error"
 
-    def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None, detail: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.code = code or self.code
         self.param = param
+        self.detail = detail  # a library's own words (server paths, exception names): logged, never answered
 
 
 class BadUpload(CloneError):
@@ -28,8 +29,8 @@ class BadUpload(CloneError):
     code = "invalid_upload"
 
     def __init__(self, message: str, *, code: str | None = None, param: str | None = None,
-                 findings: list[dict] | None = None) -> None:
-        super().__init__(message, code=code, param=param)
+                 findings: list[dict] | None = None, detail: str = "") -> None:
+        super().__init__(message, code=code, param=param, detail=detail)
         self.findings = findings or []
 
 

@@ -147,3 +147,11 @@ def test_a_refusal_that_will_not_pass_is_a_500_without_redis_s_text():
 def test_limits_records_still_validate():  # the package split kept TenantLimits' checks
     with pytest.raises(TenantError):
         TenantLimits(max_streams=0)
+
+
+def test_a_caller_s_tenant_error_is_coded_without_the_gateway_s_class_names():
+    from gateway.tenants import InvalidName
+
+    answer = from_tenant_error(InvalidName("voice name 'a/b' is not usable"), param="name")
+    assert (answer.status, answer.code, answer.param) == (400, "invalid_name", "name")
+    assert "InvalidName" not in str(answer.body())

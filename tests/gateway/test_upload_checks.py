@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import httpx
 import numpy as np
@@ -94,3 +95,33 @@ async def test_warnings_of_an_accepted_upload_are_the_voices_checks(gateway, new
     assert abs(clip["start_s"] - at / SAMPLE_RATE) < 0.01 and clip["value"] == 5
     silence = found[("long_silence", "fixed", gap_name)]
     assert silence["end_s"] - silence["start_s"] >= 12.0 and gap_name in silence["message"]
+
+
+async def test_a_text_file_named_wav_is_refused_in_the_creators_words_and_the_details_are_logged(
+        gateway, new_tenant, creator_corpus):
+    """Issue 25: the 400 for a renamed text file showed the server's upload path (with its upload id)
+    and the decoders' exception names. The answer names the creator's file and what to do; the
+    decoders' words go to the gateway's log under the trace id the answer carries."""
+    tenant, key = await new_tenant()
+    files, manifest = corpus_files(creator_corpus)
+    notes = b"Shopping list: eggs, flour, two lemons.\nCall the studio on Monday.\n" * 20
+    sent = [(name, wav_bytes(samples)) for name, samples in files] + [("my notes.wav", notes)]
+    texts = {**json.loads(manifest), "my notes.wav": "Shopping list."}
+
+    response = post(gateway, key, "renamed", sent, json.dumps(texts).encode())
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("bad_audio", "files")
+    message = error["message"]
+    assert message.startswith("my notes.wav: not a readable audio file")
+    assert "export the recording as wav, flac, mp3, ogg/opus or m4a" in message
+    assert "/" not in message.replace("ogg/opus", "") and str(gateway.uploads) not in message
+    assert "/tmp" not in response.text and str(tenant.id) not in response.text
+    for word in ("Error", "InvalidData", "soundfile", "PyAV", "Errno", ".incoming"):
+        assert word not in response.text, word
+    assert not [m for m in re.findall(r"[0-9a-f]{32}", response.text)]  # no upload id (uuid4 hex folder)
+
+    trace_id = response.headers["x-voicering-trace-id"]
+    logged = [line for line in gateway.log_path.read_text().splitlines() if trace_id in line]
+    assert len(logged) == 1 and "my notes.wav" in logged[0] and "Format not recognised" in logged[0], logged
+    assert "InvalidDataError" in logged[0] and str(gateway.uploads) in logged[0]

@@ -7,7 +7,7 @@ from lora_training.errors import TranscriptError
 from lora_training.segment import align, pack, speech_regions
 from lora_training.settings import DataParams
 from lora_training.text import sentences
-from tests.fixtures.speech import SAMPLE_RATE, pad_silence
+from tests.fixtures.speech import CREATOR_VOICE, SAMPLE_RATE, pad_silence, read_pcm16, synthesize
 
 DATA = DataParams()
 
@@ -70,7 +70,44 @@ def test_a_sentence_longer_than_a_clip_is_dropped_and_reported(speech_corpus):
     data = DataParams(clip_min_s=1.0, clip_max_s=4.0)
     audio, _ = _speech(speech_corpus[:2])
     joined = np.concatenate([audio, audio])  # ~10 s of speech under a transcript of one sentence
-    one_sentence = "A single very long sentence without any stop"
+    words = ", ".join(c.transcript.rstrip(".") for c in speech_corpus[:2])
+    one_sentence = f"{words}, {words}"  # what is said, with no stop in it
     pieces = align([one_sentence], speech_regions(joined, data), joined.size, data, name="long.wav")
     clips, dropped = cut(joined, "long.wav", pieces, data)
     assert clips == [] and "over clip_max_s" in dropped[0]["reason"] and dropped[0]["file"] == "long.wav"
+
+
+PARAGRAPH = " ".join([  # ~630 characters: a paragraph, not the three seconds it is paired with
+    "The birch canoe slid on the smooth planks, and the sheet was glued to the dark blue background.",
+    "It is easy to tell the depth of a well, and these days a chicken leg is a rare dish.",
+    "Rice is often served in round bowls, and the juice of lemons makes fine punch.",
+    "The box was thrown beside the parked truck, and the hogs were fed chopped corn and garbage.",
+    "Four hours of steady work faced us, and a large size in stockings is hard to sell.",
+    "The boy was there when the sun rose, and a rod is used to catch pink salmon.",
+    "The source of the huge river is the clear spring, and kick the ball straight and follow through.",
+])
+
+
+def test_a_one_clip_file_is_checked_against_its_transcript_too(tmp_path):
+    """Regression (issue 25): a file whose speech fits one clip skipped the reading-rate check, so
+    three seconds of speech under a 630-character paragraph trained to `ready`."""
+    spoken = "The birch canoe slid on the smooth planks."
+    path = synthesize(spoken, CREATOR_VOICE, tmp_path / "take-07.wav")
+    audio = path_audio(path)
+    regions = speech_regions(audio, DATA)
+    assert (regions[-1][1] - regions[0][0]) / SAMPLE_RATE <= DATA.clip_max_s  # one clip: the early path
+    assert 600 <= len(PARAGRAPH) <= 660
+    with pytest.raises(TranscriptError, match=r"^take-07\.wav: the transcript does not follow the audio") as refused:
+        align(sentences(PARAGRAPH), regions, audio.size, DATA, name="take-07.wav")
+    assert refused.value.code == "transcripts" and "characters/s" in refused.value.message
+    with pytest.raises(TranscriptError, match=r"^take-07\.wav: "):  # one long sentence: the same early path
+        align([PARAGRAPH], regions, audio.size, DATA, name="take-07.wav")
+    with pytest.raises(TranscriptError, match=r"^take-07\.wav: "):  # far too little text for the speech
+        align(["Yes."], regions, audio.size, DATA, name="take-07.wav")
+
+    pieces = align(sentences(spoken), regions, audio.size, DATA, name="take-07.wav")  # its own words pass
+    assert [(p.start, p.end, p.text) for p in pieces] == [(0, audio.size, spoken)]
+
+
+def path_audio(path) -> np.ndarray:
+    return read_pcm16(path)[0].astype(np.float32) / 32768.0
