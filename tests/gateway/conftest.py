@@ -25,3 +25,12 @@ def prefix() -> str:
 @pytest.fixture
 def tenants(client, prefix) -> Tenants:
     return Tenants(client, prefix)
+
+
+@pytest.fixture
+async def page(browser, gateway):
+    """A new tab of the session's headless Chromium on the session gateway's web page."""
+    opened = await browser.new_page()
+    await opened.goto(f"{gateway.url}/")
+    yield opened
+    await opened.close()

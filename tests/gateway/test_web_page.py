@@ -33,14 +33,6 @@ async def key(new_tenant):
     return api_key
 
 
-@pytest.fixture
-async def page(browser, gateway):
-    opened = await browser.new_page()
-    await opened.goto(f"{gateway.url}/")
-    yield opened
-    await opened.close()
-
-
 @pytest.fixture(scope="module")
 def api_paths(gateway) -> dict[str, set[str]]:
     schema = httpx.get(f"{gateway.url}/openapi.json", timeout=10).json()

@@ -31,14 +31,6 @@ def js(value) -> str:
 
 
 @pytest.fixture
-async def page(browser, gateway):
-    opened = await browser.new_page()
-    await opened.goto(f"{gateway.url}/")
-    yield opened
-    await opened.close()
-
-
-@pytest.fixture
 def manifest(creator_corpus, tmp_path):
     path = tmp_path / "transcripts.json"
     path.write_text(json.dumps({clip.path.name: clip.transcript for clip in creator_corpus}))
