@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import ipaddress
 
-__all__ = ["MIN_TOKEN_CHARS", "OpenCluster", "is_loopback", "require_cluster_token"]
+__all__ = ["MIN_TOKEN_CHARS", "OpenCluster", "is_loopback", "require_cluster_token", "usable_token"]
 
-MIN_TOKEN_CHARS = 16  # `openssl rand -hex 32` gives 64; anything shorter than this is a placeholder
+MIN_TOKEN_CHARS = 16  # `openssl rand -hex 32` gives 64: a shorter token was typed by hand, not generated
 
 
 class OpenCluster(Exception):
@@ -39,11 +39,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def usable_token(token: str | None) -> bool:
+    """Whether `token` is long enough to keep strangers out (`MIN_TOKEN_CHARS`)."""
+    return token is not None and len(token) >= MIN_TOKEN_CHARS
+
+
 def require_cluster_token(host: str, token: str | None, *, allow_open: bool, env_prefix: str, role: str) -> None:
     """Raise `OpenCluster` when a process bound to `host` would start with an empty or short token.
 
     `env_prefix` (VOICERING_WORKER_, ...) names the settings in the message; `role` the process."""
-    if allow_open or is_loopback(host) or (token is not None and len(token) >= MIN_TOKEN_CHARS):
+    if allow_open or is_loopback(host) or usable_token(token):
         return
     what = "no cluster token" if not token else f"a cluster token of {len(token)} characters"
     raise OpenCluster(

@@ -97,19 +97,18 @@ def _sentinel_options(target: SentinelTarget, options: dict[str, Any]) -> dict[s
 
 def async_client(url: str, **options: Any) -> aioredis.Redis:
     """An asyncio client for `url` (options as for `redis.asyncio.Redis`)."""
-    target = parse_sentinel(url)
-    if target is None:
-        return aioredis.from_url(url, **options)
-    sentinel = async_sentinel.Sentinel(list(target.sentinels), sentinel_kwargs=_sentinel_options(target, options),
-                                       **{k: v for k, v in options.items() if k.startswith("socket_")})
-    return sentinel.master_for(target.service, redis_class=aioredis.Redis, **_node_options(target, options))
+    return _client(url, options, aioredis.Redis, async_sentinel.Sentinel)
 
 
 def sync_client(url: str, **options: Any) -> redis.Redis:
     """A blocking client for `url` (options as for `redis.Redis`)."""
+    return _client(url, options, redis.Redis, redis.sentinel.Sentinel)
+
+
+def _client(url: str, options: dict[str, Any], redis_class: type, sentinel_class: type) -> Any:
     target = parse_sentinel(url)
     if target is None:
-        return redis.Redis.from_url(url, **options)
-    sentinel = redis.sentinel.Sentinel(list(target.sentinels), sentinel_kwargs=_sentinel_options(target, options),
-                                       **{k: v for k, v in options.items() if k.startswith("socket_")})
-    return sentinel.master_for(target.service, redis_class=redis.Redis, **_node_options(target, options))
+        return redis_class.from_url(url, **options)
+    sentinel = sentinel_class(list(target.sentinels), sentinel_kwargs=_sentinel_options(target, options),
+                              **{k: v for k, v in options.items() if k.startswith("socket_")})
+    return sentinel.master_for(target.service, redis_class=redis_class, **_node_options(target, options))

@@ -99,13 +99,13 @@ async def create_voice(request: Request, tenant: Annotated[Tenant, Depends(calle
     """Upload recordings and queue a clone; poll `GET /v1/voices/{name}` until it is `ready`."""
     gateway = gateway_of(request)
     cloning = Cloning(gateway)
-    trace = request_trace(request.headers.getlist(TRACE_HEADER))
     try:
         upload = await receive_upload(request, tenant, cloning)
         view = await cloning.create(tenant, upload)
     except (CloneError, TenantError) as exc:
         error = _api_error(exc)
         if isinstance(exc, CloneError) and exc.detail:  # the decoder's words name server paths: the log keeps them
+            trace = request_trace(request.headers.getlist(TRACE_HEADER))
             log.warning("upload of tenant %s refused (trace %s): %s [%s]", tenant.id, trace.trace_id, exc.message,
                         exc.detail)
             error.trace_id = trace.trace_id

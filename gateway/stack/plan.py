@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from gateway.stack.children import ChildSpec
 from gateway.stack.settings import UpSettings
-from gpu_worker.open_cluster import MIN_TOKEN_CHARS, is_loopback
+from gpu_worker.open_cluster import MIN_TOKEN_CHARS, is_loopback, usable_token
 
 __all__ = ["ExposedWithoutToken", "Models", "PortInUse", "QUICK_CLONE_PARAMS", "StackPlan", "check_ports",
            "is_loopback", "plan_stack"]
@@ -80,7 +80,7 @@ def plan_stack(settings: UpSettings, redis_url: str, models: Models, env: Mappin
     host, folder = settings.host, settings.folder.resolve()
     token = env.get("VOICERING_WORKER_CLUSTER_TOKEN") or cluster_token
     if not is_loopback(host):
-        if not token or len(token) < MIN_TOKEN_CHARS:  # the children would refuse it (gpu_worker.open_cluster)
+        if not usable_token(token):  # the children would refuse it (gpu_worker.open_cluster)
             raise ExposedWithoutToken(f"binding {host} opens the workers to the network: they need a cluster token "
                                       f"of at least {MIN_TOKEN_CHARS} characters (voicering up keeps one in its "
                                       "folder) or VOICERING_WORKER_CLUSTER_TOKEN")
@@ -99,8 +99,8 @@ def plan_stack(settings: UpSettings, redis_url: str, models: Models, env: Mappin
         workers.append(ChildSpec(
             f"worker-{i}", ("worker", "--model", models.model, "--codec", models.codec, "--voices-dir", str(store),
                             "--worker-id", worker_id, "--host", host, "--port", str(port)),
-            env={**cpu_kv, **base_voices, **tokens["worker"], **redis["worker"]}, health_url=f"http://{host}:{port}/health", ports=(port,),
-            start_timeout_s=settings.start_timeout_s))
+            env={**cpu_kv, **base_voices, **tokens["worker"], **redis["worker"]},
+            health_url=f"http://{host}:{port}/health", ports=(port,), start_timeout_s=settings.start_timeout_s))
     gateway_url = f"http://{host}:{settings.gateway_port}"
     metrics_port = settings.metrics_port()
     clone = {} if "VOICERING_GATEWAY_CLONE_PARAMS" in env or not models.stand_in else {
@@ -118,7 +118,8 @@ def plan_stack(settings: UpSettings, redis_url: str, models: Models, env: Mappin
             "trainer", ("train-worker", "--model", models.model, "--codec", models.codec,
                         "--store", str(store), "--work-dir", str(folder / "training"), "--worker-url", urls[0],
                         "--consumer", "up-trainer"),
-            env={**device, **tokens["trainer"], **redis["trainer"]}, stop_timeout_s=20.0, start_timeout_s=settings.start_timeout_s))
+            env={**device, **tokens["trainer"], **redis["trainer"]}, stop_timeout_s=20.0,
+            start_timeout_s=settings.start_timeout_s))
     agent = livekit_configured(env)
     if agent:
         front.append(ChildSpec(
