@@ -15,7 +15,8 @@ under each load view below with exactly the rule the pool and the workers run:
   `MAX_REFUSALS` of them; the last candidate tried after a refusal (the refusal budget spent, or
   no candidate left) is sent `insist`; every load a worker answers with (opened, busy, done) is
   as good as a heartbeat, the newer wins (`OwnLoad.answered` / `OwnLoad.estimate`);
-- the worker (admission, gpu_worker/server.py): it refuses a start when
+- the worker (admission, gpu_worker/server.py): at or above its share floor (`share_floor` ×
+  capacity) it refuses a start when
   `in_flight + 1 > min(capacity, ceil(admit_factor × fleet_mean))`, where fleet_mean = (the
   loads in its own ring view, its exact in_flight in place of its own report, + 1) / workers;
   its view is refreshed every refresh_interval_s like any reader's; an insisting start skips the
@@ -67,7 +68,7 @@ from gpu_worker.routers import HELD_VOICES
 from hashring.choice import OWNER_TRIES, OwnLoad, order
 from hashring.ring import Ring
 from hashring.settings import RingSettings
-from hashring.share import share_bound
+from hashring.share import share_bound, share_floor_streams
 from hashring.simulate import max_over_mean, movement, voice_ids, worker_ids
 from hashring.sizing import FleetLoad, replicas_for
 
@@ -89,6 +90,7 @@ LEGACY_RATE_PER_REPLICA, LEGACY_MAX_REPLICAS = 5.0, 8  # the sizing before issue
 # The admission rule's constants, from the code that runs it: the worker's share factor and the
 # refusals a pool takes before it gives up (OWNER_TRIES, HELD_VOICES: imported above).
 ADMIT_FACTOR = RingSettings().admit_factor
+SHARE_FLOOR = RingSettings().share_floor
 MAX_REFUSALS = PoolSettings().max_refusals
 
 LoadView = Literal["exact", "own", "reported", "reported+own", "legacy"]
@@ -209,13 +211,15 @@ class _Router:
 
 
 def share_limit(in_flight: int, fleet_others: float, workers: int, *, capacity: int, admit_factor: float,
-                insist: bool) -> int:
+                insist: bool, share_floor: float = SHARE_FLOOR) -> int:
     """Streams a worker holds at most after admitting one more (gpu_worker.server `fleet_share`):
-    min(capacity, ceil(admit_factor × fleet_mean)), fleet_mean = (the others' loads in its view +
-    its own exact in_flight + 1) / workers; an insisting start meets only the capacity."""
+    min(capacity, max(ceil(admit_factor × fleet_mean), floor)), fleet_mean = (the others' loads in
+    its view + its own exact in_flight + 1) / workers, floor = `share_floor_streams(capacity,
+    share_floor)`; an insisting start meets only the capacity."""
     if insist:
         return capacity
-    return min(capacity, share_bound(fleet_others, in_flight, workers, admit_factor)[0])
+    floor = share_floor_streams(capacity, share_floor)
+    return min(capacity, share_bound(fleet_others, in_flight, workers, admit_factor, floor)[0])
 
 
 def _route(
@@ -475,6 +479,7 @@ def run(
         "unbounded_max_over_mean": round(max_over_mean(_unbounded(ring, request_list), nodes), 4),
         "route_c": settings.balance,
         "route_admit_factor": ADMIT_FACTOR,
+        "route_share_floor": SHARE_FLOOR,
         "route_owner_tries": OWNER_TRIES,
         "route_max_refusals": MAX_REFUSALS,
         "route_replica_headroom": settings.replica_headroom,

@@ -64,7 +64,7 @@ def _root(ctx: typer.Context) -> None:
 def _run(ctx: typer.Context, redis_url: str | None, work: Callable[[Tenants], Awaitable[T]]) -> T:
     """Run `work` against the tenant registry; a TenantError becomes a message and exit status 1."""
     from gateway.tenants import TenantError, Tenants, Unavailable, connect_redis
-    from hashring.store import redact_url
+    from hashring.redis_client import redact_url
 
     settings: GatewaySettings = ctx.obj
     url = redis_url or settings.default_redis_url()

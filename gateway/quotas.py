@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 
 from gateway.tenants import (
     DEFAULT_PREFIX,
+    Busy,
     KeyLayout,
     QuotaExceeded,
     Tenant,
@@ -215,7 +216,7 @@ class StreamSlot:
             await asyncio.sleep(interval)
             try:
                 outcome = await self._quotas._renew(self.tenant, self.token)
-            except Unavailable as err:
+            except (Unavailable, Busy) as err:
                 log.warning("could not renew a stream slot of tenant %s (%s); retrying", self.tenant.id, err.message)
                 continue
             except TenantError as err:

@@ -21,6 +21,15 @@ __all__ = ["GatewaySettings"]
 
 _LIMITS = TenantLimits()
 _RING = RingSettings()
+# A request holds a Redis connection only for a round trip, a few times in its life, and one event
+# loop makes some thousands of Redis calls a second (~7,000 measured on this 2-core box), so the
+# connections busy at once are calls/s × round trip: ~10 for a Redis 1 ms away; 128 (one per 16 of
+# max_connections' 2048) covers one ~10 ms away. On loopback 2048 requests × 3 calls at once ended
+# as fast over 4 connections as over 128 (the loop is the limit, not the pool), and a burst of 300
+# over 4 is served whole (tests/gateway/test_redis_pool.py), where redis-py's 100 with no wait
+# refused 198 of them.
+REQUESTS_PER_REDIS_CONNECTION = 16
+MIN_REDIS_CONNECTIONS = 8
 
 
 class GatewaySettings(BaseSettings):
@@ -32,6 +41,13 @@ class GatewaySettings(BaseSettings):
     redis_url: str | None = Field(None, validation_alias=AliasChoices("VOICERING_GATEWAY_REDIS_URL", REDIS_URL_ENV),
                                   description="Redis holding tenants, keys, quotas and usage")
     redis_timeout_s: float = Field(_RING.redis_timeout_s, gt=0, description="longest one Redis call may take")
+    redis_max_connections: int | None = Field(None, ge=1, description="connections each of this process's Redis "
+                                              "clients (tenant store, ring) holds at most; None: one per "
+                                              f"{REQUESTS_PER_REDIS_CONNECTION} of max_connections, at least "
+                                              f"{MIN_REDIS_CONNECTIONS} (see redis_pool_size)")
+    redis_pool_wait_s: float = Field(_RING.redis_pool_wait_s, gt=0, description="a Redis call that finds every "
+                                     "pooled connection in use waits this long for one, then the request gets 503 "
+                                     "gateway_busy (Retry-After)")
     tenant_prefix: str = Field(DEFAULT_PREFIX, min_length=1, description="Redis key prefix of the tenant layer "
                                                                          "(every gateway of a fleet agrees)")
     auth_cache_s: float = Field(DEFAULT_AUTH_CACHE_S, ge=0, description="while Redis is unreachable, a key verified "
@@ -62,6 +78,11 @@ class GatewaySettings(BaseSettings):
                                                       "when installed); both close slow request heads")
     header_timeout_s: float = Field(5.0, gt=0, description="a connection that has not sent a whole request head "
                                     "this long after it opened (or after its previous response) is closed")
+    max_head_bytes: int = Field(60 * 1024, ge=1024, description="bytes of one request head (request line, header "
+                                "fields, the empty line), counted before the parser buffers them; 431 past it "
+                                "(Envoy's default; an API client or a browser sends ~1 KiB)")
+    max_headers: int = Field(100, ge=8, description="header fields of one request head; 431 past it (Envoy's "
+                             "default; clients send ~20)")
     body_timeout_s: float = Field(30.0, gt=0, description="longest a JSON request body may take to arrive (408)")
     max_connections: int = Field(2048, ge=1, description="open connections and requests at once; past it uvicorn "
                                  "answers 503 (uvicorn's limit_concurrency)")
@@ -97,6 +118,13 @@ class GatewaySettings(BaseSettings):
     def default_limits(self) -> TenantLimits:
         """Limits a tenant created without explicit ones gets."""
         return TenantLimits(**{name: getattr(self, f"default_{name}") for name in TenantLimits.names()})
+
+    def redis_pool_size(self) -> int:
+        """Connections each Redis client of this process holds at most (`redis_max_connections`, or
+        sized from `max_connections`: 128 for the default 2048)."""
+        if self.redis_max_connections is not None:
+            return self.redis_max_connections
+        return max(MIN_REDIS_CONNECTIONS, -(-self.max_connections // REQUESTS_PER_REDIS_CONNECTION))
 
     def default_redis_url(self) -> str:
         """`redis_url`, or hashring's default URL when none is configured (for commands that need a

@@ -10,12 +10,20 @@ replica (or a later try) may succeed.
     ├── IdleTimeout       (idle_timeout, not retryable): a context sent no text for too long
     ├── UnknownVoice      (unknown_voice, not retryable)
     ├── AdapterError      (bad_adapter, not retryable): the voice's adapter failed validation
-    ├── Busy              (busy, retryable): admission limit reached (worker or this connection)
+    ├── Busy              (busy, retryable): admission limit reached; `limit` says which one
     ├── SlowConsumer      (slow_consumer, not retryable): client stopped reading
     └── EngineError       (engine_error, retryable): the engine (or codec) failed mid-request
 """
 
 from __future__ import annotations
+
+from typing import Literal
+
+# Which limit a `busy` answer hit (sent as `Error.limit`, see gpu_worker.protocol). Only `connection`
+# is a property of the connection it came on (a pool learns it as that link's limit); `capacity` and
+# `relay` say the worker is full now, `share` that it prefers another owner (ADMISSION.md: "say
+# which limit refused").
+BusyLimit = Literal["capacity", "share", "connection", "relay"]
 
 
 class WorkerError(Exception):
@@ -68,6 +76,10 @@ class AdapterError(WorkerError):
 class Busy(WorkerError):
     code = "busy"
     retryable = True
+
+    def __init__(self, message: str, limit: BusyLimit | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit  # which limit refused (sent on `busy` to version-2 clients)
 
 
 class SlowConsumer(WorkerError):

@@ -4,9 +4,12 @@ utterances open on each (`Attempt`); dialing, reading, and each worker's health.
 **Dialing.** One websocket per worker, opened lazily, shared by all the utterances routed there,
 each dial carrying `PROTOCOL_HEADER: PROTOCOL_VERSION`; the version the worker answers is kept
 per link (a worker from before negotiation answers nothing: version 1). A worker admits only
-`max_streams_per_connection` utterances per connection: when a connection holding k > 0 is
-answered `busy`, the link learns "at most k" and the next try may open a second connection (at
-most `max_connections_per_peer`). A connection older than `max_connection_age_s` takes no new
+`max_streams_per_connection` utterances per connection and says how many on the handshake
+(`CONNECTION_STREAMS_HEADER`): a link with its most takes no new utterance and the next try may
+open a second connection (at most `max_connections_per_peer`). A worker that does not say so is
+learned from: a `busy` for the connection's limit (`Error.limit == "connection"`, or no limit
+named by a worker from before it named them) on a connection holding k > 0 means "at most k".
+Any other `busy` (capacity, share, relay) is the worker's state now, never the link's. A connection older than `max_connection_age_s` takes no new
 utterances and closes once its last one ends. Failed dials back off exponentially.
 
 **One dial, one outcome.** Utterances that need a connection to a worker while one is being dialed
@@ -37,8 +40,9 @@ from websockets.frames import CloseCode
 from gpu_worker.client import WorkerRequestError
 from gpu_worker.ejection import Health
 from gpu_worker.pool_types import NoWorkerAvailable, PoolSettings, RoutingStats
-from gpu_worker.protocol import (PROTOCOL_HEADER, PROTOCOL_VERSION, AudioChunk, ClientMessage, Done, Error, Opened, PushText,
-                                 Rejected, Start, encode, parse_server, protocol_version)
+from gpu_worker.protocol import (CONNECTION_STREAMS_HEADER, PROTOCOL_HEADER, PROTOCOL_VERSION, AudioChunk, ClientMessage,
+                                 Done, Error, Opened, PushText, Rejected, Start, connection_streams, encode, parse_server,
+                                 protocol_version)
 from gpu_worker.routers import Router
 from hashring.records import WorkerInfo
 
@@ -67,8 +71,9 @@ class Attempt:
     owner: bool = True  # the worker is one of the voice's owners (else it is a spill)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     next_seq: int = 0
-    share_busy: bool = False  # answered `busy` while its connection held other utterances
+    connection_busy: bool = False  # answered `busy` for its connection's limit: another connection may take it
     opened: bool = False  # the worker took it (`opened`, or on a version-1 link its first audio or `done`)
+    opened_at: float | None = None  # when the reader saw it taken (perf_counter)
 
 
 @dataclass(eq=False)
@@ -81,9 +86,12 @@ class Link:
     opened_at: float
     version: int = 1  # the protocol version the worker answered on the handshake
     contexts: dict[str, Attempt] = field(default_factory=dict)
-    limit: int | None = None  # utterances it takes at once, learned from `busy`
+    limit: int | None = None  # utterances it takes at once: the worker's word on the handshake, else learned
     retiring: bool = False  # takes no new utterances; closed when the last one ends
     reader: asyncio.Task | None = None
+
+    def __post_init__(self) -> None:
+        self.told = self.limit is not None  # the worker said its limit on the handshake
 
     def has_room(self) -> bool:
         return not self.retiring and (self.limit is None or len(self.contexts) < self.limit)
@@ -239,9 +247,10 @@ class Links:
             peer.dial_failures, peer.next_dial_at = 0, 0.0
             self.handshakes += 1
             peer.links_opened += 1
-            answered = ws.response.headers.get(PROTOCOL_HEADER) if ws.response is not None else None
+            headers = ws.response.headers if ws.response is not None else {}
             link = Link(peer, ws, f"pool-link:{peer.id}#{peer.links_opened}", time.monotonic(),
-                        version=protocol_version(answered))
+                        version=protocol_version(headers.get(PROTOCOL_HEADER)),
+                        limit=connection_streams(headers.get(CONNECTION_STREAMS_HEADER)))
             peer.version = link.version
             link.reader = asyncio.create_task(self._read(link), name=link.name)
             peer.links.append(link)
@@ -328,9 +337,10 @@ class Links:
                         self._took(attempt)
                     elif message.code == "busy":
                         self.counts.refusals += 1
-                        if link.contexts:
-                            link.limit = min(link.limit or len(link.contexts), len(link.contexts))
-                            attempt.share_busy = True
+                        if message.limit in ("connection", None) and link.contexts:
+                            attempt.connection_busy = True
+                            if not link.told:  # a worker that says its limit is never second-guessed
+                                link.limit = min(link.limit or len(link.contexts), len(link.contexts))
                     self._answered(link, message.load)
                     if link.retiring and not link.contexts:
                         await link.ws.close()
@@ -354,7 +364,7 @@ class Links:
     def _took(self, attempt: Attempt) -> None:
         """The worker took `attempt` (counted once; it likely holds the voice's adapter now)."""
         if not attempt.opened:
-            attempt.opened = True
+            attempt.opened, attempt.opened_at = True, time.perf_counter()
             self.counts.opened += 1
             self.counts.spills += not attempt.owner
             self.router.took(attempt.link.peer.id, attempt.voice)

@@ -51,12 +51,12 @@ from websockets.asyncio.client import ClientConnection
 from gpu_worker.client import Speech, collect
 from gpu_worker.links import Links
 from gpu_worker.pool_stream import PoolStream
-from gpu_worker.pool_types import NoWorkerAvailable, PeerStats, PoolSettings, RoutingStats, WorkerLost
+from gpu_worker.pool_types import NoWorkerAvailable, NoWorkerServing, PeerStats, PoolSettings, RoutingStats, WorkerLost
 from gpu_worker.protocol import Start, UtteranceOptions
 from gpu_worker.routers import RingRouter, Router, StaticRouter
 from hashring.records import WorkerInfo
 
-__all__ = ["NoWorkerAvailable", "PeerStats", "PoolSettings", "PoolStream", "RingRouter", "Router", "RoutingStats",
+__all__ = ["NoWorkerAvailable", "NoWorkerServing", "PeerStats", "PoolSettings", "PoolStream", "RingRouter", "Router", "RoutingStats",
            "StaticRouter", "WorkerLost", "WorkerPool"]
 
 

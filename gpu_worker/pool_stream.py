@@ -12,7 +12,9 @@ not count against the worker's health, nor as one of `max_attempts` (the failed 
 that fail, connections lost, worker errors, no first audio in time); refusals have their own
 bound, `max_refusals`, after which the last `busy` is raised. The last candidate tried after at
 least one refusal is sent `insist` (on a version-2 link only): that worker skips its fleet-share
-rule (its capacity still holds).
+rule (its capacity still holds). A worker that refused only for its fleet share (`busy` with
+`limit: share`: a preference, it has room) is tried again, insisting, once every other candidate
+has refused or is gone: a request that fits somewhere is never turned away for balance.
 
 **Retry before audio.** Until the first audio chunk has been handed to the caller, a retryable
 failure sends the utterance to its next candidate, replaying what was pushed so far (start text,
@@ -44,7 +46,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gpu_worker.client import WorkerRequestError
 from gpu_worker.links import DIAL_ERRORS, Attempt, Links, Peer, Received
-from gpu_worker.pool_types import NoWorkerAvailable, WorkerLost
+from gpu_worker.pool_types import NoWorkerAvailable, NoWorkerServing, WorkerLost
 from gpu_worker.protocol import Cancel, ClientMessage, Done, End, Error, Flush, PushText, Rejected, Start
 from hashring.records import WorkerInfo
 
@@ -75,6 +77,8 @@ class PoolStream:
         self._ahead: list[WorkerInfo] = []  # candidates drawn to look ahead, not tried yet
         self._skipped: list[WorkerInfo] = []  # candidates skipped as ejected or backing off (panic mode tries them)
         self._again: WorkerInfo | None = None  # a per-connection `busy`: the same worker, on another connection
+        self._shy: list[WorkerInfo] = []  # refused it for their fleet share only: tried again, insisting, last
+        self._revisit = False  # the try being opened goes back to a worker that refused it for share
         self._owners: frozenset[str] | None = None
         self._cancelled = False
         self._ended_at: float | None = None  # when `end` was sent, monotonic
@@ -94,6 +98,11 @@ class PoolStream:
     @property
     def context_id(self) -> str:
         return self._attempt.context_id if self._attempt else ""
+
+    @property
+    def opened_at(self) -> float | None:
+        """When a worker took this utterance (its `opened`, perf_counter): routing's part ends there."""
+        return self._attempt.opened_at if self._attempt else None
 
     @property
     def worker_id(self) -> str | None:
@@ -230,10 +239,12 @@ class PoolStream:
     # -- tries ------------------------------------------------------------------------------------
 
     async def _retry(self, failed: Attempt, error: Error | None) -> None:
-        if failed.share_busy:  # the connection's share, not the worker, was full: another connection there
+        if failed.connection_busy:  # the connection's share, not the worker, was full: another connection there
             self._again = failed.link.peer.info
         else:
             self._tried.add(failed.link.peer.id)
+            if error is not None and error.code == "busy" and error.limit == "share" and failed.link.version >= 2:
+                self._shy.append(failed.link.peer.info)  # a preference, not a refusal: it has room if it must
         log.info("utterance %s: %s on worker %s before any audio; retrying", failed.context_id,
                  error.code if error else "connection lost", failed.link.peer.id)
         await self._open(error)
@@ -250,6 +261,9 @@ class PoolStream:
                 if self.refusals > settings.max_refusals:
                     self._give_up(last_error, f"{self.refusals} refusals")
                 peer = self._next_peer()
+                if peer is None and not links.router.workers():
+                    raise NoWorkerServing(f"no worker is serving voice {self.voice!r}: the ring has no live, undrained "
+                                          "worker (every one is draining, or none has joined yet); retry shortly")
                 if peer is None:
                     self._give_up(last_error, f"every worker that could take voice {self.voice!r} was tried, is "
                                               "ejected or is full")
@@ -267,7 +281,8 @@ class PoolStream:
                     self.refusals += 1
                     continue
                 insist = (self.refusals > 0 and link.version >= 2
-                          and (self.refusals >= settings.max_refusals or not self._more()))
+                          and (self._revisit or self.refusals >= settings.max_refusals or not self._more()))
+                self._revisit = False
                 attempt = Attempt(uuid.uuid4().hex[:16], link, self.voice, owner=peer.id in self._owner_ids())
                 link.contexts[attempt.context_id] = attempt
                 self._attempt = attempt
@@ -301,6 +316,9 @@ class PoolStream:
         info = self._draw()
         if info is not None:
             return links.peer(info)
+        if self._shy:  # every other candidate refused or is gone: back to one that only preferred not to
+            self._revisit = True
+            return links.peer(self._shy.pop(0))
         now = time.monotonic()
         if self._skipped and all(links.unavailable(w.id, now) for w in links.router.workers() if w.id not in self._exclude):
             log.warning("every worker for voice %r is ejected or backing off; trying them anyway (panic)", self.voice)

@@ -6,6 +6,7 @@ Errors (all `WorkerRequestError`, so callers handle one type; `.error.code`, `.r
     WorkerRequestError      the worker's own error for the utterance (client.py)
     ├── WorkerLost          worker_lost: the connection dropped after audio was relayed
     └── NoWorkerAvailable   no_worker (retryable): every candidate was tried, ejected or full
+        └── NoWorkerServing no_worker (retryable): the ring has no live, undrained worker at all
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from gpu_worker.client import WorkerRequestError
 from gpu_worker.ejection import EjectionPolicy
 from gpu_worker.protocol import MAX_MESSAGE_BYTES, Error
 
-__all__ = ["NoWorkerAvailable", "PeerStats", "PoolSettings", "RoutingStats", "WorkerLost"]
+__all__ = ["NoWorkerAvailable", "NoWorkerServing", "PeerStats", "PoolSettings", "RoutingStats", "WorkerLost"]
 
 
 class WorkerLost(WorkerRequestError):
@@ -33,6 +34,11 @@ class NoWorkerAvailable(WorkerRequestError):
 
     def __init__(self, message: str, context_id: str | None = None) -> None:
         super().__init__(Error("no_worker", message, True, context_id))
+
+
+class NoWorkerServing(NoWorkerAvailable):
+    """No worker is in the ring at all (every one draining, or none joined yet): not a full fleet,
+    an empty one. Retry shortly; an operator should look."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,8 @@
 """A `voicering worker` as a child process on a free loopback port: started, waited on until
-`/health` answers, and stopped (its whole process group, vLLM's engine processes included).
+`/health` answers, and stopped (its whole process group, vLLM's engine processes included). The
+worker leads a process group of its own; whatever ends it, dead or stopped, its group is SIGKILLed
+right after its main process is reaped, so a worker that died (at start-up too) leaves no engine
+behind (its own reaper, `reaper.py`, has normally ended them already).
 
 Used by the demo, the training pipeline's local validation worker and the test fixtures, so each
 starts and stops a worker the same way. Standard library only.
@@ -57,18 +60,29 @@ class WorkerProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM (the worker shuts its engine down), then SIGKILL the process group if it lingers."""
-        if self.proc.poll() is not None:
+        """SIGTERM (the worker shuts its engine down; a stuck one gets SIGKILL after `timeout_s`),
+        then SIGKILL whatever is left of its process group: a worker that already died is only
+        reaped and its group ended. A worker someone else has reaped (`proc.wait()`) is left
+        alone: its group id may name another process's group by now."""
+        if self.proc.returncode is not None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:  # stuck: leave its threads' stacks in the log first
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGUSR1)
-            time.sleep(1.0)
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:  # stuck: leave its threads' stacks in the log first
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.send_signal(signal.SIGUSR1)
+                time.sleep(1.0)
+        end_group(self.proc)
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group `proc` leads (started with `start_new_session`), then reap `proc`.
+    Call it before `proc` is reaped or at once after: later, its group id may be another group's."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
 
 
 def spawn_worker(args: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None,
@@ -88,6 +102,7 @@ def spawn_worker(args: Sequence[str], log_path: Path, *, env: dict[str, str] | N
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            end_group(proc)  # an engine it started before it died
             raise WorkerStartError(f"worker exited with code {proc.returncode}:\n{worker.log_tail()}")
         try:
             worker.health()

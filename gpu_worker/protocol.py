@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final, Literal
 
-from gpu_worker.errors import BadMessage, BadRequest
+from gpu_worker.errors import BadMessage, BadRequest, BusyLimit
 from gpu_worker.trace_context import TRACEPARENT_CHARS
 from gpu_worker.trace_context import parse as parse_traceparent
 from hashring.records import MAX_VOICE_ID_BYTES  # the ring's bound; the store's grammar is checked when the voice resolves
@@ -24,6 +24,9 @@ from hashring.records import MAX_VOICE_ID_BYTES  # the ring's bound; the store's
 # only on connections whose handshake asked for >= 2, so version-1 clients get exactly the old messages.
 PROTOCOL_VERSION: Final = 2
 PROTOCOL_HEADER: Final = "x-voicering-protocol"
+# A worker also answers every handshake with the utterances one connection may hold at once, so a
+# client knows a connection's limit instead of learning it from refusals (`connection_streams`).
+CONNECTION_STREAMS_HEADER: Final = "x-voicering-connection-streams"
 AUDIO_KIND = 0x01
 MAX_CONTEXT_ID_BYTES = 64
 # A worker accepts no websocket message larger than this (it closes the connection with 1009): the
@@ -138,6 +141,7 @@ class Error:
     retryable: bool
     context_id: str | None = None
     load: int | None = None  # (v2) the streams this worker's engine speaks right after this answer
+    limit: BusyLimit | None = None  # (v2) on `busy`: which of the worker's limits refused the start
     type: Literal["error"] = "error"
 
 
@@ -188,7 +192,7 @@ _CLIENT_TYPES: dict[str, type] = {"start": Start, "text": PushText, "flush": Flu
 _SERVER_TYPES: dict[str, type] = {"opened": Opened, "done": Done, "error": Error, "rejected": Rejected}
 # Version-2 fields, left out of a message while they hold these values: a version-1 peer gets (and a
 # version-1 worker accepts) exactly the version-1 bytes. An untraced start leaves out `traceparent` too.
-_V2_ABSENT: Final[Mapping[str, object]] = {"insist": False, "load": None, "traceparent": None}
+_V2_ABSENT: Final[Mapping[str, object]] = {"insist": False, "load": None, "limit": None, "traceparent": None}
 # Likewise the trace ids of `done.stats` when there are none (a cancelled context's empty stats).
 _STATS_ABSENT: Final[Mapping[str, object]] = {"trace_id": "", "span_id": ""}
 
@@ -216,6 +220,16 @@ def protocol_version(header: str | None) -> int:
     except ValueError:
         return 1
     return max(1, min(asked, PROTOCOL_VERSION))
+
+
+def connection_streams(header: str | None) -> int | None:
+    """The per-connection stream limit a worker answered in `CONNECTION_STREAMS_HEADER`; None when
+    it said none (a worker from before the header) or nothing usable."""
+    try:
+        limit = int(header) if header is not None else None
+    except ValueError:
+        return None
+    return limit if limit is not None and limit >= 1 else None
 
 
 def _valid_unicode(value: str) -> bool:

@@ -44,7 +44,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from gpu_worker.client import WorkerRequestError
 from gpu_worker.errors import WorkerError
@@ -73,6 +73,9 @@ class RelayTimeout(WorkerError):
     retryable = True
 
 
+Route = Literal["serve", "relay", "spill"]
+
+
 class Forwarder:
     """This worker's view of who owns a voice, and the pool that reaches the owners."""
 
@@ -96,23 +99,30 @@ class Forwarder:
         self.spills = 0  # placed starts this worker served for voices it does not own
 
     def should_forward(self, start: Start) -> bool:
+        """Whether this worker relays `start` to an owner (it serves it itself otherwise)."""
+        return self.decide(start) == "relay"
+
+    def spilled(self, start: Start) -> None:
+        """Count a spill this worker admitted (never one it refused: the pool's next try is elsewhere)."""
+        self.spills += 1
+        if self.heat is not None:
+            self.heat.spilled(start.voice)
+
+    def decide(self, start: Start) -> Route:
+        """Serve `start` here, relay it to an owner, or serve it here as a spill (a placed start
+        for a voice this worker does not own: counted with `spilled` once admitted)."""
         if start.proxied_by is not None:
-            return False  # one hop at most
+            return "serve"  # one hop at most
         view = self.watcher.view
         if not len(view.ring):
-            return False
+            return "serve"
         try:
             owners = place(view, start.voice, self.ring_settings).owners
         except (EmptyRing, InvalidVoiceId):
-            return False  # the local path gives the client the clear error
+            return "serve"  # the local path gives the client the clear error
         if self.worker_id in owners:
-            return False
-        if start.placed:  # the pool decided: serve it, and tell the cool loop the voice spilled
-            self.spills += 1
-            if self.heat is not None:
-                self.heat.spilled(start.voice)
-            return False
-        return True
+            return "serve"
+        return "spill" if start.placed else "relay"  # placed: the pool decided, serve it (and report the spill)
 
 
 class ProxiedUtterance(Utterance):

@@ -42,7 +42,7 @@ class Router(Protocol):
 
     def candidates(self, voice: str, loads: Mapping[str, int], exclude: Collection[str]) -> Iterator[WorkerInfo]:
         """Every worker one more utterance may try, best first, lazily (`loads`: the pool's own
-        streams per worker now)."""
+        streams per worker now); none when no worker is live and undrained (never raises)."""
         ...
 
     def answered(self, worker_id: str, load: int, own: int) -> None:
@@ -54,7 +54,7 @@ class Router(Protocol):
         ...
 
     def owners(self, voice: str) -> tuple[WorkerInfo, ...]:
-        """The workers that hold `voice`, in preference order."""
+        """The workers that hold `voice`, in preference order (none on an empty ring)."""
         ...
 
     def workers(self) -> tuple[WorkerInfo, ...]:
@@ -104,7 +104,10 @@ class RingRouter:
 
     def candidates(self, voice: str, loads: Mapping[str, int], exclude: Collection[str]) -> Iterator[WorkerInfo]:
         view = self._watcher.view  # one view for the whole walk
-        placement = place(view, voice, self._settings)
+        try:
+            placement = place(view, voice, self._settings)
+        except EmptyRing:  # no live, undrained worker: no candidate (the pool says so, retryable)
+            return
         estimate = self.estimates(loads)
         weight = {n.id: n.weight for n in view.ring.nodes}
         capacity = {wid: float(view.workers[wid].info.capacity) for wid in weight}
@@ -129,7 +132,10 @@ class RingRouter:
 
     def owners(self, voice: str) -> tuple[WorkerInfo, ...]:
         view = self._watcher.view
-        return tuple(view.worker(wid) for wid in place(view, voice, self._settings).owners)
+        try:
+            return tuple(view.worker(wid) for wid in place(view, voice, self._settings).owners)
+        except EmptyRing:
+            return ()
 
     def workers(self) -> tuple[WorkerInfo, ...]:
         view = self._watcher.view

@@ -45,6 +45,7 @@ import contextlib
 import hmac
 import json
 import logging
+import math
 import socket
 from dataclasses import dataclass, field, replace
 from http import HTTPStatus
@@ -58,16 +59,16 @@ from websockets.http11 import Request, Response
 
 from gpu_worker.errors import BacklogFull, BadMessage, BadRequest, Busy, EmptyText, SlowConsumer, TextTooLong, WorkerError
 from gpu_worker.prewarm import PrewarmBusy, Prewarms
-from gpu_worker.protocol import (MAX_MESSAGE_BYTES, MAX_VOICE_ID_BYTES, PROTOCOL_HEADER, PROTOCOL_VERSION, AudioChunk, Cancel,
-                                 ClientMessage, Done, End, Error, Flush, Opened, PushText, Rejected, Start, UtteranceStats,
-                                 encode, parse_client, protocol_version)
+from gpu_worker.protocol import (CONNECTION_STREAMS_HEADER, MAX_MESSAGE_BYTES, MAX_VOICE_ID_BYTES, PROTOCOL_HEADER, PROTOCOL_VERSION, AudioChunk, Cancel,
+                                 BusyLimit, ClientMessage, Done, End, Error, Flush, Opened, PushText, Rejected, Start,
+                                 UtteranceStats, encode, parse_client, protocol_version)
 from gpu_worker.proxy import Forwarder, ProxiedUtterance
 from gpu_worker.session import Backlog, Send, SessionDeps, Utterance
 from gpu_worker.settings import WorkerSettings
 from hashring.errors import InvalidVoiceId
 from hashring.placement import HeatRecorder
 from hashring.records import RingView
-from hashring.share import share_bound
+from hashring.share import share_bound, share_floor_streams
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ SLOW_CONSUMER_CLOSE = 1008
 INTERNAL_ERROR_CLOSE = 1011
 MAX_PREWARM = 256
 _ENDS_CONTEXT = (TextTooLong, BacklogFull, EmptyText)  # limits that end the context they were hit on
+# the `voicering_worker_rejected_total` reason of each busy limit (the metric's names predate `limit`)
+_REJECTED_REASON: dict[str, str] = {"capacity": "busy", "share": "share", "relay": "busy", "connection": "connection_limit"}
 
 
 Holds = Literal["engine", "relay"] | None  # which of the worker's counts a context takes (None: released)
@@ -142,14 +145,16 @@ class _Connection:
         self.cut.set()
 
 
-def fleet_share(view: RingView, worker_id: str, in_flight: int, admit_factor: float) -> tuple[int, float]:
-    """This worker's share of the fleet's streams: ``(ceil(admit_factor × mean), mean)``, where mean
-    = (the reported loads of the live, undrained workers in ``view``, with this worker's exact
-    ``in_flight`` in place of its own report, + 1 for the start being decided) / their count (this
-    worker counted once, in the ring or not). A lone worker's share is never below ``in_flight + 1``."""
+def fleet_share(view: RingView, worker_id: str, in_flight: int, admit_factor: float,
+                floor: int = 0) -> tuple[int, float]:
+    """This worker's share of the fleet's streams: ``(max(ceil(admit_factor × mean), floor), mean)``,
+    where mean = (the reported loads of the live, undrained workers in ``view``, with this worker's
+    exact ``in_flight`` in place of its own report, + 1 for the start being decided) / their count
+    (this worker counted once, in the ring or not), and ``floor`` its share floor in streams. A lone
+    worker's share is never below ``in_flight + 1``."""
     loads = view.loads
     others = sum(load for wid, load in loads.items() if wid != worker_id)
-    return share_bound(others, in_flight, len(loads) + (worker_id not in loads), admit_factor)
+    return share_bound(others, in_flight, len(loads) + (worker_id not in loads), admit_factor, floor)
 
 
 class WorkerServer:
@@ -230,8 +235,17 @@ class WorkerServer:
 
     async def serve(self) -> Server:
         return await serve(self.handle, self.settings.host, self.settings.port, process_request=self._process_request,
-                           process_response=_answer_version, max_size=MAX_MESSAGE_BYTES, ping_interval=20, ping_timeout=20,
+                           process_response=self._answer_handshake, max_size=MAX_MESSAGE_BYTES, ping_interval=20, ping_timeout=20,
                            close_timeout=self.settings.close_timeout_s)
+
+    def _answer_handshake(self, connection: ServerConnection, request: Request, response: Response) -> Response:
+        """Every websocket handshake is answered with this worker's protocol version (so a client
+        knows whether it may send version-2 fields, `Start.insist`) and its per-connection stream
+        limit (so a client never has to learn it from refusals)."""
+        if response.status_code == HTTPStatus.SWITCHING_PROTOCOLS:
+            response.headers[PROTOCOL_HEADER] = str(PROTOCOL_VERSION)
+            response.headers[CONNECTION_STREAMS_HEADER] = str(self.settings.connection_stream_limit())
+        return response
 
     async def aclose(self) -> None:
         if self.prewarms is not None:
@@ -385,10 +399,14 @@ class WorkerServer:
             raise BadRequest(f"context '{start.context_id}' is already active on this connection; "
                              "this start was ignored and the live context carries on")
         try:
-            relay = self.forwarder is not None and self.forwarder.should_forward(start)
+            route = self.forwarder.decide(start) if self.forwarder is not None else "serve"
+            relay = route == "relay"
             ctx = _Context(start.context_id, self._admit(conn, start, relay=relay))
+            if route == "spill":
+                self.forwarder.spilled(start)  # only once admitted: a refused start spills elsewhere
         except WorkerError as exc:  # the context never opened: this error is its end
-            await conn.send(self._stamped(conn, Error(exc.code, exc.message, exc.retryable, start.context_id)))
+            await conn.send(self._stamped(conn, Error(exc.code, exc.message, exc.retryable, start.context_id,
+                                                      limit=getattr(exc, "limit", None))))
             return
         conn.contexts[start.context_id] = ctx  # before any await: a second start with this id is refused
         try:
@@ -445,33 +463,37 @@ class WorkerServer:
     def _admit(self, conn: _Connection, start: Start, *, relay: bool) -> Holds:
         """Refuse a start past a bound, or claim its count (synchronously: no await between the check
         and the count). ``max_streams`` bounds what this worker's engine speaks, and for a placed start
-        in the ring so does its share of the fleet's load (not when it ``insist``s: a pool's last try);
-        relayed utterances cost it only a relay, so they have a bound of their own
-        (``max_relayed_streams``); a connection holds at most its share of the worker."""
+        in the ring so does its share of the fleet's load (not when it ``insist``s: a pool's last try,
+        nor below its share floor); relayed utterances cost it only a relay, so they have a bound of
+        their own (``max_relayed_streams``); a connection holds at most its share of the worker. The
+        refusal says which limit it hit (`Busy.limit`): only a connection's own limit is the link's."""
         limit = self.settings.connection_stream_limit()
-        reason, message = None, ""
+        refused: BusyLimit | None = None
+        message = ""
         if not relay and self.active >= self.settings.max_streams:
-            reason = "busy"
+            refused = "capacity"
             message = f"worker is at its limit of {self.settings.max_streams} concurrent streams; try another replica"
         elif not relay and self._shared(start) and (share := self._share()) is not None and self.active + 1 > share[0]:
-            reason = "share"
+            refused = "share"
             bound, mean = share
-            message = (f"worker holds {self.active} streams, over its share of the fleet (ceil({self._admit_factor()} "
-                       f"× mean {mean:.1f}) = {bound}); try another owner")
+            rule = f"ceil({self._admit_factor()} × mean {mean:.1f})"
+            if bound > math.ceil(round(self._admit_factor() * mean, 9)):
+                rule = f"its share floor, above {rule}"
+            message = f"worker holds {self.active} streams, over its share of the fleet ({rule} = {bound}); try another owner"
         elif relay and self.relayed >= self.settings.relay_stream_limit():
-            reason = "busy"
+            refused = "relay"
             message = f"worker relays at most {self.settings.relay_stream_limit()} streams at once; try another worker"
         elif conn.live_count() >= limit:
-            reason = "connection_limit"
+            refused = "connection"
             message = (f"this connection holds {limit} streams, its share of the worker's {self.settings.max_streams}; "
                        "wait for one to end or use another connection")
-        if reason is not None:
+        if refused is not None:
             if self.deps.metrics is not None:
-                self.deps.metrics.rejected.labels(reason).inc()
+                self.deps.metrics.rejected.labels(_REJECTED_REASON[refused]).inc()
             if self.heat is not None:  # per voice, for operators; a share refusal also raises its replicas
                 with contextlib.suppress(InvalidVoiceId):  # (the pool must go past the owners)
-                    self.heat.refused(start.voice, raise_replicas=reason == "share" and start.placed)
-            raise Busy(message)
+                    self.heat.refused(start.voice, raise_replicas=refused == "share" and start.placed)
+            raise Busy(message, refused)
         if relay:
             self.relayed += 1
             return "relay"
@@ -486,10 +508,12 @@ class WorkerServer:
         return start.placed and not start.insist
 
     def _share(self) -> tuple[int, float] | None:
-        """This worker's share of the fleet's streams, or None outside the ring (capacity alone bounds it)."""
+        """This worker's share of the fleet's streams (never below its share floor), or None outside
+        the ring (capacity alone bounds it then)."""
         if self.forwarder is None:
             return None
-        return fleet_share(self.forwarder.watcher.view, self.settings.worker_id, self.active, self._admit_factor())
+        floor = share_floor_streams(self.settings.max_streams, self.forwarder.ring_settings.share_floor)
+        return fleet_share(self.forwarder.watcher.view, self.settings.worker_id, self.active, self._admit_factor(), floor)
 
     def _admit_factor(self) -> float:
         return self.forwarder.ring_settings.admit_factor if self.forwarder is not None else 0.0
@@ -504,7 +528,7 @@ class WorkerServer:
             if self.deps.metrics is not None:
                 self.deps.metrics.rejected.labels("busy").inc()
             raise Busy(f"no owner could take it and this worker is at its limit of {self.settings.max_streams} "
-                       "concurrent streams; try again shortly")
+                       "concurrent streams; try again shortly", "capacity")
         self.relayed -= ctx.holds == "relay"
         self.active += 1
         ctx.holds = "engine"
@@ -566,19 +590,13 @@ class WorkerServer:
 
 
 def _as_version_1(message: object) -> object:
-    """A message as version 1 wrote it: a `done` without the trace ids of its stats (a version-1
-    connection gets exactly the version-1 bytes; tracing is a version-2 field)."""
+    """A message as version 1 wrote it: a `done` without the trace ids of its stats, an `error`
+    without the limit a `busy` hit (a version-1 connection gets exactly the version-1 bytes)."""
     if isinstance(message, Done) and (message.stats.trace_id or message.stats.span_id):
         return replace(message, stats=replace(message.stats, trace_id="", span_id=""))
+    if isinstance(message, Error) and message.limit is not None:
+        return replace(message, limit=None)
     return message
-
-
-def _answer_version(connection: ServerConnection, request: Request, response: Response) -> Response:
-    """Every websocket handshake is answered with this worker's protocol version, so a client knows
-    whether it may send version-2 fields (`Start.insist`)."""
-    if response.status_code == HTTPStatus.SWITCHING_PROTOCOLS:
-        response.headers[PROTOCOL_HEADER] = str(PROTOCOL_VERSION)
-    return response
 
 
 def _response(status: HTTPStatus, body: bytes, content_type: str, *, retry_after: int | None = None) -> Response:

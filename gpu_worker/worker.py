@@ -19,6 +19,7 @@ from gpu_worker.orpheus import SAMPLE_RATE
 from gpu_worker.metrics import WorkerMetrics, use_json_logs
 from gpu_worker.open_cluster import is_loopback, require_cluster_token
 from gpu_worker.open_files import raise_open_file_limit
+from gpu_worker.reaper import Reaper
 from gpu_worker.scheduler import MAX_BATCH, TICK_S, make_decode_runner
 from gpu_worker.server import WorkerServer
 from gpu_worker.session import ContextLimits, SessionDeps
@@ -67,6 +68,14 @@ def adapter_store(settings: WorkerSettings) -> AdapterStore:
 
 
 async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = None) -> None:
+    reaper = Reaper.start()  # first, before the engine: its processes end with this one, however it ends
+    try:
+        await _serve(settings, ready)
+    finally:
+        reaper.stop()  # the engine is shut down
+
+
+async def _serve(settings: WorkerSettings, ready: asyncio.Event | None) -> None:
     # before anything loads: an exposed worker without a real token is refused (OpenCluster)
     require_cluster_token(settings.host, settings.cluster_token, allow_open=settings.allow_open_cluster,
                           env_prefix=WorkerSettings.model_config["env_prefix"], role="worker")

@@ -68,7 +68,7 @@ async def _view(settings: RingSettings, store=None):  # imports stay lazy: `--he
 @app.command()
 def status(ctx: typer.Context, redis_url: str | None = RedisOption, as_json: bool = JsonOption) -> None:
     """Workers, liveness, load and the ring epoch."""
-    from hashring.store import redact_url
+    from hashring.redis_client import redact_url
 
     settings = _settings(ctx, redis_url)
     view = _run(_view(settings))

@@ -2,13 +2,15 @@
 
     RingError                 every error below; `.retryable` says whether trying again can help
     ├── RingUnavailable       Redis cannot be reached or timed out (retryable)
+    │   └── RingBusy          every pooled connection of this process stayed in use past the pool's
+    │                         wait: this process is busy, Redis may be fine (retryable)
     ├── EmptyRing             no live, undrained worker to place a voice on (retryable)
     ├── UnknownWorker         an operator named a worker that never registered
     ├── InvalidWorkerId       a worker id that is empty, too long or has odd characters
     ├── InvalidVoiceId        a voice id that is empty, too long or not valid UTF-8
     └── InvalidReplicas       a replica count below 1 or above the hard limit
 
-Library errors (redis-py's ConnectionError, TimeoutError, OSError) are mapped to these at the
+Library errors (redis-py's MaxConnectionsError, ConnectionError, TimeoutError, OSError) are mapped to these at the
 Redis boundary in `hashring.store`; nothing above the store sees a redis-py exception. Messages
 are written for the operator reading them and never contain a Redis password.
 """
@@ -20,6 +22,7 @@ __all__ = [
     "InvalidReplicas",
     "InvalidVoiceId",
     "InvalidWorkerId",
+    "RingBusy",
     "RingError",
     "RingUnavailable",
     "UnknownWorker",
@@ -42,6 +45,12 @@ class RingUnavailable(RingError):
     """Redis is unreachable; readers keep serving their last ring, writers retry with backoff."""
 
     retryable = True
+
+
+class RingBusy(RingUnavailable):
+    """This process's Redis connections were all in use for longer than its pool waits
+    (`RingSettings.redis_max_connections`, `redis_pool_wait_s`); handled as any "not now", but
+    it says so, not that Redis is unreachable."""
 
 
 class EmptyRing(RingError):

@@ -29,7 +29,6 @@ import contextlib
 import logging
 import math
 import secrets
-import time
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -137,7 +136,6 @@ class ReplicaControl:
     def __init__(self, store: RingStore) -> None:
         self._store = store
         self._settings = store.settings
-        self._raised_at: dict[str, float] = {}  # voice -> when this process last raised it (monotonic)
         self.last_fleet: FleetLoad | None = None  # the short-window measurement of the latest cool()
 
     @property
@@ -187,8 +185,9 @@ class ReplicaControl:
         slow = FleetLoad(len(ring), streams, rate_of(f_slow, s.heat_half_life_s))
         self.last_fleet = short
         limit = min(len(ring), s.max_auto_replicas)
-        now = time.monotonic()
-        self._raised_at = {v: t for v, t in self._raised_at.items() if now - t < s.scale_down_hold_s}
+        # when each voice was last raised, kept in Redis by the swap (not in this process, which may
+        # have held the cool lease for a moment only) and aged on Redis's clock
+        raised_ago = await self._store.raised_ages(voices)
         changed: dict[str, int] = {}
         for voice in voices:
             c_slow, c_fast = counters[voice]
@@ -198,14 +197,10 @@ class ReplicaControl:
                 fast=replicas_for(rate_of(c_fast, s.heat_fast_half_life_s), short, s),
                 slow_cooled=replicas_for(rate_of(c_slow, s.heat_half_life_s) / s.cool_factor, slow, s),
                 spilled=voice in spills,
-                may_lower=now - self._raised_at.get(voice, -math.inf) >= s.scale_down_hold_s,
+                may_lower=raised_ago.get(voice, math.inf) >= s.scale_down_hold_s,
                 limit=limit)
             if want != have and await self._swap(voice, current.get(voice), want, short):
                 changed[voice] = want
-                if want > have:
-                    self._raised_at[voice] = now
-                else:
-                    self._raised_at.pop(voice, None)
         rate2 = warm_rate(short, s)
         # a voice is flagged warm a little below the rate that gives it a second replica
         await self._store.set_warm_at(1e18 if rate2 is None else 0.9 * rate2 * s.heat_fast_half_life_s / math.log(2))

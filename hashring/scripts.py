@@ -99,6 +99,33 @@ if (cur or '') == ARGV[2] then return 0 end
 if ARGV[2] == '' then redis.call('HDEL', KEYS[1], ARGV[1]) else redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
 """ + BUMP.format(epoch=2, channel=4) + "return e"
 
+# KEYS: auto epoch auto_raised   ARGV: voice value('' deletes) expected('' = absent) channel
+# Compare-and-set of a voice's automatic replica count (as SET_FIELD) that also keeps, in
+# `auto_raised`, the Redis time the count last went up: a raise stamps it, a fall or a clear
+# deletes it. The cool loop's scale-down hold reads it, so it survives the cool lease moving to
+# another process or machine (one clock for all of them).
+SWAP_AUTO = NOW + """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if (cur or '') ~= ARGV[3] then return -1 end
+if (cur or '') == ARGV[2] then return 0 end
+if ARGV[2] == '' then redis.call('HDEL', KEYS[1], ARGV[1]) else redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+if ARGV[2] ~= '' and tonumber(ARGV[2]) > tonumber(cur or '1') then
+  redis.call('HSET', KEYS[3], ARGV[1], string.format('%.6f', now))
+else
+  redis.call('HDEL', KEYS[3], ARGV[1])
+end
+""" + BUMP.format(epoch=2, channel=4) + "return e"
+
+# KEYS: auto_raised   ARGV: voice...   Seconds since each voice's automatic count was last raised
+# (Redis time), '' for one not raised since it last fell or was cleared.
+RAISED_AGES = NOW + """
+local out = {}
+for i = 1, #ARGV do
+  local t = redis.call('HGET', KEYS[1], ARGV[i])
+  if t then out[i] = string.format('%.6f', math.max(0, now - tonumber(t))) else out[i] = '' end
+end
+return out"""
+
 # A decayed counter is "<slow> <since> <fast>": two exponentially decayed request counts (half-lives
 # ARGV slow_h and fast_h) as of Redis time <since>; an older two-field value reads as fast = 0.
 DECAY = """

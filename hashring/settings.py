@@ -9,12 +9,13 @@ from typing import Final
 
 from hashring.ring import DEFAULT_BALANCE, DEFAULT_VNODES
 
-__all__ = ["ADMIT_FACTOR_ENV", "HEARTBEAT_ENV", "REDIS_URL_ENV", "REFRESH_ENV", "RetryPolicy", "RingSettings"]
+__all__ = ["ADMIT_FACTOR_ENV", "HEARTBEAT_ENV", "REDIS_URL_ENV", "REFRESH_ENV", "SHARE_FLOOR_ENV", "RetryPolicy", "RingSettings"]
 
 REDIS_URL_ENV: Final = "VOICERING_REDIS_URL"
 HEARTBEAT_ENV: Final = "VOICERING_RING_HEARTBEAT_INTERVAL_S"  # RingSettings.heartbeat_interval_s
 REFRESH_ENV: Final = "VOICERING_RING_REFRESH_INTERVAL_S"  # RingSettings.refresh_interval_s
 ADMIT_FACTOR_ENV: Final = "VOICERING_RING_ADMIT_FACTOR"  # RingSettings.admit_factor
+SHARE_FLOOR_ENV: Final = "VOICERING_RING_SHARE_FLOOR"  # RingSettings.share_floor
 _DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 
 
@@ -45,6 +46,10 @@ class RingSettings:
     forget_after_s: float = 3600.0  # a dead worker's record is deleted after this long
     refresh_interval_s: float = 0.5  # readers re-read the ring (and the loads) at least this often
     redis_timeout_s: float = 1.0
+    # this process's pool: at most this many connections, a call waits this long for a free one
+    # (then RingBusy: this process is busier than its pool, not Redis unreachable)
+    redis_max_connections: int = 32
+    redis_pool_wait_s: float = 1.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # placement
     default_replicas: int = 1
@@ -59,12 +64,17 @@ class RingSettings:
     scale_down_hold_s: float = 60.0  # no lowering of a voice the cool loop raised less than this long ago
     # admission: a worker refuses a start when in_flight + 1 > min(capacity, ceil(admit_factor × fleet mean))
     admit_factor: float = 1.35  # how far above the fleet's mean load one worker may go before it refuses
+    # ...but never below this share of its own capacity: a worker with half its slots free has room, and
+    # in a burst its view of the others (their last heartbeats) is too old to say it holds too much
+    share_floor: float = 0.5
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_s <= 0 or self.refresh_interval_s <= 0:
             raise ValueError("heartbeat_interval_s and refresh_interval_s must be > 0")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise ValueError("heartbeat_ttl_s must be longer than heartbeat_interval_s")
+        if self.redis_max_connections < 1 or not self.redis_pool_wait_s > 0:
+            raise ValueError("redis_max_connections must be >= 1 and redis_pool_wait_s > 0")
         if self.balance < 1:
             raise ValueError("balance must be >= 1")
         if not (0 < self.cool_factor <= 1):
@@ -77,19 +87,22 @@ class RingSettings:
             raise ValueError("heat_fast_half_life_s must be > 0 and at most heat_half_life_s")
         if not self.admit_factor > 1:  # at 1 or below, a fleet at its mean refuses everything
             raise ValueError(f"admit_factor must be > 1, got {self.admit_factor}")
+        if not 0 <= self.share_floor <= 1:
+            raise ValueError(f"share_floor must be in [0, 1], got {self.share_floor}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> RingSettings:
         """Settings with the Redis URL taken from VOICERING_REDIS_URL, the membership cadence from
         VOICERING_RING_HEARTBEAT_INTERVAL_S / VOICERING_RING_REFRESH_INTERVAL_S and the admission
-        factor from VOICERING_RING_ADMIT_FACTOR (read here, once); `overrides` win over the environment."""
+        factor and floor from VOICERING_RING_ADMIT_FACTOR / VOICERING_RING_SHARE_FLOOR (read here, once); `overrides` win over the environment."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         if env.get(REDIS_URL_ENV):
             values["redis_url"] = env[REDIS_URL_ENV]
         for name, key, what in (("heartbeat_interval_s", HEARTBEAT_ENV, "a number of seconds"),
                                 ("refresh_interval_s", REFRESH_ENV, "a number of seconds"),
-                                ("admit_factor", ADMIT_FACTOR_ENV, "a number above 1")):
+                                ("admit_factor", ADMIT_FACTOR_ENV, "a number above 1"),
+                                ("share_floor", SHARE_FLOOR_ENV, "a number from 0 to 1")):
             if env.get(key):
                 try:
                     values[name] = float(env[key])

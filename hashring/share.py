@@ -4,7 +4,10 @@
     share      = ceil(admit_factor × fleet_mean)
 
 The + 1 counts the start being decided, so a lone worker's share is never below in_flight + 1 (it
-always admits up to its capacity). Workers run it on their own ring view (`gpu_worker.server`);
+always admits up to its capacity). Below ``share_floor × capacity`` streams a worker admits whatever
+the mean (`share_floor_streams`): the others' loads it sees are their last heartbeats, and in a
+burst (hundreds of starts inside one heartbeat period) they read idle, so the share alone would
+refuse after three or four starts on every worker at once. Workers run it on their own ring view (`gpu_worker.server`);
 `voicering bench ring` runs the same function on its model's loads.
 """
 
@@ -12,11 +15,17 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["share_bound"]
+__all__ = ["share_bound", "share_floor_streams"]
 
 
-def share_bound(others: float, in_flight: int, workers: int, admit_factor: float) -> tuple[int, float]:
-    """``(ceil(admit_factor × mean), mean)`` for a worker holding ``in_flight`` streams beside
-    ``others`` streams on the fleet's other ``workers - 1`` workers."""
+def share_bound(others: float, in_flight: int, workers: int, admit_factor: float, floor: int = 0) -> tuple[int, float]:
+    """``(max(ceil(admit_factor × mean), floor), mean)`` for a worker holding ``in_flight`` streams
+    beside ``others`` streams on the fleet's other ``workers - 1`` workers; ``floor`` is its
+    `share_floor_streams` (below it every start fits the bound: the same as not asking)."""
     mean = (others + in_flight + 1) / max(1, workers)
-    return math.ceil(round(admit_factor * mean, 9)), mean  # rounded: 1.35 × 2.0 must not ceil to 3
+    return max(math.ceil(round(admit_factor * mean, 9)), floor), mean  # rounded: 1.35 × 2.0 must not ceil to 3
+
+
+def share_floor_streams(capacity: int, share_floor: float) -> int:
+    """The streams below which a worker of ``capacity`` never refuses a start for its share."""
+    return math.ceil(round(share_floor * capacity, 9))

@@ -18,6 +18,8 @@ Key layout (P = settings.prefix, "voicering:ring" by default):
     P:load         hash    worker id -> streams reported in its last heartbeat
     P:replicas     hash    voice id -> operator replica floor
     P:auto         hash    voice id -> automatic replica count (hot voices only)
+    P:auto-raised  hash    voice id -> when the cool loop last raised that count (Redis time), until it
+                           falls or is cleared: the scale-down hold, shared by every cool-lease holder
     P:heat:<hex>   string  decayed request counters of one voice, "<slow> <server time> <fast>", with a TTL;
                            <hex> is the voice id's UTF-8 bytes in hex, so any voice id is a safe key
     P:fleet        hash    the fleet's decayed request counters (slow, fast, since) and warm_at, the
@@ -58,7 +60,6 @@ import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -66,12 +67,12 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from hashring import scripts
-from hashring.errors import RingError, RingUnavailable, UnknownWorker
+from hashring.errors import RingBusy, RingError, RingUnavailable, UnknownWorker
 from hashring.records import Snapshot, WorkerInfo, check_voice_id, check_worker_id
-from hashring.redis_client import async_client
+from hashring.redis_client import async_client, redact_url
 from hashring.settings import RingSettings
 
-__all__ = ["RingStore", "Subscription", "rate_of", "redact_url"]
+__all__ = ["RingStore", "Subscription", "rate_of"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -93,16 +94,6 @@ _TRANSIENT = re.compile(r"(?:^|-)(OOM|READONLY|LOADING|BUSY|MASTERDOWN|NOREPLICA
 _DEMOTED = re.compile(r"(?:^|-)(READONLY|MASTERDOWN)\b")
 
 
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by '***' (for messages and logs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
-
-
 class _Keys:
     def __init__(self, prefix: str) -> None:
         self.epoch = f"{prefix}:epoch"
@@ -115,6 +106,7 @@ class _Keys:
         self.load = f"{prefix}:load"
         self.replicas = f"{prefix}:replicas"
         self.auto = f"{prefix}:auto"
+        self.auto_raised = f"{prefix}:auto-raised"
         self._heat = f"{prefix}:heat:"
         self.fleet = f"{prefix}:fleet"
         self.warm = f"{prefix}:warm"
@@ -169,6 +161,8 @@ class RingStore:
         self._where = redact_url(settings.redis_url)
         self._client = client or async_client(
             settings.redis_url,
+            max_connections=settings.redis_max_connections,
+            pool_wait_s=settings.redis_pool_wait_s,
             socket_timeout=settings.redis_timeout_s,
             socket_connect_timeout=settings.redis_timeout_s,
             retry=Retry(NoBackoff(), 1),  # one quick reconnect (a pooled socket may be stale); the rest is ours
@@ -182,6 +176,7 @@ class RingStore:
         self._peek_heat, self._snapshot = script(scripts.PEEK_HEAT), script(scripts.SNAPSHOT)
         self._take_signals, self._add_outcomes = script(scripts.TAKE_SIGNALS), script(scripts.ADD_OUTCOMES)
         self._peek_outcomes = script(scripts.PEEK_OUTCOMES)
+        self._swap_auto, self._raised_ages = script(scripts.SWAP_AUTO), script(scripts.RAISED_AGES)
         self._renew_lock, self._release_lock = script(scripts.RENEW_LOCK), script(scripts.RELEASE_LOCK)
         self._announce, self._present = script(scripts.ANNOUNCE), script(scripts.PRESENT)
 
@@ -208,6 +203,9 @@ class RingStore:
     async def _call(self, awaitable: Awaitable[T]) -> T:
         try:
             return await awaitable
+        except redis.exceptions.MaxConnectionsError as exc:  # a ConnectionError, but Redis is not at fault
+            raise RingBusy(f"this process is busy: {exc} (Redis at {self._where}); readers keep serving the last "
+                           "ring they had. Raise redis_max_connections if this persists.") from exc
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
             raise RingUnavailable(
                 f"Redis at {self._where} is unreachable ({type(exc).__name__}); readers keep serving "
@@ -317,10 +315,20 @@ class RingStore:
 
     async def swap_auto_replicas(self, voice: str, expected: int | None, new: int | None) -> bool:
         """Compare-and-set a voice's automatic replica count (None = not hot); False if another
-        process changed it first."""
+        process changed it first. A raise stamps the Redis time (`raised_ages`); a fall or a clear
+        forgets it."""
         k = self.keys
         args = [voice, "" if new is None else str(new), "" if expected is None else str(expected), k.events]
-        return int(await self._write(lambda: self._set_field(keys=[k.auto, k.epoch], args=args))) >= 0
+        return int(await self._write(lambda: self._swap_auto(keys=[k.auto, k.epoch, k.auto_raised], args=args))) >= 0
+
+    async def raised_ages(self, voices: Iterable[str]) -> dict[str, float]:
+        """Seconds (Redis clock) since each voice's automatic count was last raised; voices whose
+        count fell or was cleared since, or never rose, are absent (one attempt)."""
+        voices = list(voices)
+        if not voices:
+            return {}
+        ages = await self._call(self._raised_ages(keys=[self.keys.auto_raised], args=voices))
+        return {v: float(a) for v, a in zip(voices, ages) if a}
 
     async def add_heat(self, voice: str, count: int = 1) -> tuple[float, int | None]:
         """Add requests to a voice's decayed counters and the fleet's (one attempt); returns (slow

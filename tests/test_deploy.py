@@ -102,10 +102,10 @@ def real_env_names() -> frozenset[str]:
     the passwords `voicering redis-acl` reads."""
     from pydantic import AliasChoices, BaseModel
 
-    from hashring.settings import ADMIT_FACTOR_ENV, HEARTBEAT_ENV, REDIS_URL_ENV, REFRESH_ENV
+    from hashring.settings import ADMIT_FACTOR_ENV, HEARTBEAT_ENV, REDIS_URL_ENV, REFRESH_ENV, SHARE_FLOOR_ENV
     from voicering.redis_acl import USERS, password_env
 
-    names = {REDIS_URL_ENV, HEARTBEAT_ENV, REFRESH_ENV, ADMIT_FACTOR_ENV, *map(password_env, USERS)}
+    names = {REDIS_URL_ENV, HEARTBEAT_ENV, REFRESH_ENV, ADMIT_FACTOR_ENV, SHARE_FLOOR_ENV, *map(password_env, USERS)}
     for cls in settings_classes().values():
         prefix = cls.model_config.get("env_prefix", "")
         delimiter = cls.model_config.get("env_nested_delimiter")

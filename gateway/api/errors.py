@@ -6,6 +6,7 @@ Errors of the layers below are mapped here, once, at the HTTP boundary:
 
     TenantError (gateway.tenants)      Unauthorized 401, VoiceNotFound 404, QuotaExceeded 429,
                                        Unavailable 503 (Redis unreachable or refusing for now),
+                                       Busy 503 gateway_busy (this process's Redis pool stayed full),
                                        StoreError 500 (never Redis's own text), anything else of
                                        the caller's 400
     WorkerRequestError (gpu_worker)    the worker's code: busy/no_worker 503, unknown_voice 404,
@@ -27,6 +28,7 @@ from starlette.exceptions import HTTPException
 
 from gateway.catalog import VoiceNotReady
 from gateway.tenants import (
+    Busy,
     QuotaExceeded,
     StoreError,
     TenantError,
@@ -36,6 +38,7 @@ from gateway.tenants import (
     VoiceNotFound,
 )
 from gpu_worker.client import WorkerRequestError
+from gpu_worker.pool_types import NoWorkerServing
 
 __all__ = ["ApiError", "ErrorType", "error_body", "from_tenant_error", "from_worker_error", "install"]
 
@@ -94,6 +97,8 @@ def from_tenant_error(exc: TenantError, *, param: str | None = None) -> ApiError
         return ApiError(409, exc.message, param=param or "name", code="voice_exists")
     if isinstance(exc, Unavailable):
         return ApiError(503, exc.message, type="service_unavailable", code="unavailable")
+    if isinstance(exc, Busy):
+        return ApiError(503, exc.message, type="service_unavailable", code="gateway_busy")
     if isinstance(exc, StoreError):
         return ApiError(500, "the gateway's tenant store failed; retry later or tell the operator",
                         type="server_error", code="tenant_store_error")
@@ -107,6 +112,9 @@ def _snake(name: str) -> str:
 
 def from_worker_error(exc: WorkerRequestError) -> ApiError:
     error = exc.error
+    if isinstance(exc, NoWorkerServing):
+        return ApiError(503, "no worker is serving right now (the fleet is starting up or draining); retry shortly",
+                        type="service_unavailable", code="no_worker_available")
     if error.code in ("busy", "no_worker"):
         return ApiError(503, "every worker that can speak this voice is busy; retry shortly", type="service_unavailable",
                         code="no_worker_available")

@@ -23,7 +23,8 @@ frame), both passed to the worker.
 A failure after the first audio cannot change the status any more, so it is made impossible to
 miss instead: SSE ends with an `error` event (OpenAI's error object) and no `speech.audio.done`;
 raw audio ends without the chunked body's last chunk (the connection is dropped), so every HTTP
-client raises on the incomplete body instead of keeping a short file as if it were whole.
+client raises on the incomplete body instead of keeping a short file as if it were whole. The
+gateway says so once per burst of such cuts (`gateway.api.cuts`: count, worker, cause, traces).
 
 **Tracing.** A valid W3C `traceparent` request header makes the request a span of the caller's
 trace (else a new trace begins; an invalid or repeated header is ignored, as W3C says). The
@@ -52,6 +53,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.api.auth import caller, gateway_of, resolve_and_admit
+from gateway.api.cuts import Cut, mark_cut
 from gateway.api.edge import read_body, received_at
 from gateway.api.encode import MEDIA_TYPES, ResponseFormat, open_encoder
 from gateway.api.errors import ApiError, from_worker_error
@@ -185,8 +187,11 @@ async def create_speech(request: Request, tenant: Annotated[Tenant, Depends(call
     else:
         media_type = MEDIA_TYPES[body.response_format]
     # what the gateway held the request for (key, limits, voice, slot) and what the worker took to
-    # its first audio: a client's TTFB minus `worker` is the gateway's whole share, HTTP included
+    # its first audio: a client's TTFB minus `worker` is the gateway's whole share, HTTP included;
+    # `place` is the part of `worker` until a worker took the start (routing, refusals, retries)
     timing = f"admit;dur={(admitted - received) * 1000:.2f}, worker;dur={(first_audio - admitted) * 1000:.2f}"
+    if stream.opened_at is not None:
+        timing += f", place;dur={(stream.opened_at - admitted) * 1000:.2f}"
     headers = {"x-voicering-worker": stream.worker_id or "", "cache-control": "no-store", "server-timing": timing,
                "traceresponse": trace.traceparent, "x-voicering-trace-id": trace.trace_id}
     return _Streamed(body_iter, run.close, media_type=media_type, headers=headers)
@@ -274,9 +279,10 @@ async def _encoded(run: _Run, body: SpeechRequest, first: bytes | None, rest: As
         run.outcome = "completed"
     except WorkerRequestError as exc:
         run.outcome = exc.error.code
-        # The 200 is out already: the caller must still see that this audio is not whole.
-        log.warning("speech of tenant %s ended early after %.2f s of audio: %s", run.tenant.id, run.audio_seconds,
-                    exc.error.message)
+        # The 200 is out already: the caller must still see that this audio is not whole. Said once
+        # per burst (a lost worker cuts all its streams at once), not per request: gateway.api.cuts
+        worker = (run.stream.worker_id if run.stream is not None else None) or ""
+        run.gateway.cuts.add(Cut(worker, exc.error.code, exc.error.message, run.trace.trace_id, run.audio_seconds))
         raise SpeechTruncated(from_worker_error(exc)) from exc
     finally:
         encoder.close()
@@ -323,8 +329,9 @@ class _Streamed(StreamingResponse):
             await super().__call__(scope, receive, send)
         except SpeechTruncated:
             # Return with the body unfinished: the server drops the connection without the last
-            # (zero-length) chunk, and the client sees an incomplete response.
-            pass
+            # (zero-length) chunk, and the client sees an incomplete response. The cut was
+            # reported (gateway.api.cuts); uvicorn's own line for it is dropped.
+            mark_cut()
         finally:
             with anyio.CancelScope(shield=True):
                 await self._on_close()

@@ -1,13 +1,15 @@
 """Everything one gateway process holds while it serves, opened and closed as one.
 
-- Redis (the tenant layer's async client; an embedded server when no URL is configured),
+- Redis (the tenant layer's async client; an embedded server when no URL is configured), it and
+  the ring store's client sized by `settings.redis_pool_size()`,
 - the tenant layer: `Tenants` (keys, voices), `Quotas`, `Meter`, and the `Catalog` of voice names,
 - the worker pool (`gpu_worker.pool`): routed by the ring in Redis (`RingWatcher`), or over a
   fixed list of worker URLs, dialing with the cluster token,
 - the training queue (lora_training's `JobQueue`, a sync client: called off the event loop),
 - the bounded pool that decodes uploads for their checks (`gateway.cloning.DecodePool`),
 - the metrics registry,
-- the open text-in stream sockets, drained when the process stops (`gateway.api.drain`).
+- the open text-in stream sockets, drained when the process stops (`gateway.api.drain`),
+- the speech responses cut after their first audio, reported once per burst (`gateway.api.cuts`).
 
 Routes reach it as `request.app.state.gateway`.
 """
@@ -19,6 +21,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
+from gateway.api.cuts import CutReport
 from gateway.api.drain import StreamDrain
 from gateway.api.metrics import GatewayMetrics
 from gateway.catalog import Catalog
@@ -53,6 +56,7 @@ class Gateway:
     metrics: GatewayMetrics
     decodes: DecodePool
     streams: StreamDrain = field(default_factory=StreamDrain)  # open /v1/tts/stream sockets; drained at SIGTERM
+    cuts: CutReport = field(default_factory=CutReport)  # speech responses cut after their first audio
 
 
 @asynccontextmanager
@@ -66,7 +70,9 @@ async def open_gateway(settings: GatewaySettings) -> AsyncIterator[Gateway]:
             redis_url = embedded.url
             log.warning("no Redis configured: using an embedded one at %s (tenants and keys are lost when the "
                         "gateway stops; set VOICERING_GATEWAY_REDIS_URL)", embedded.url)
-        redis = connect_redis(redis_url, timeout_s=settings.redis_timeout_s)
+        redis_pool = settings.redis_pool_size()  # each client's; a call waits redis_pool_wait_s for a free one
+        redis = connect_redis(redis_url, timeout_s=settings.redis_timeout_s, max_connections=redis_pool,
+                              pool_wait_s=settings.redis_pool_wait_s)
         stack.push_async_callback(redis.aclose)
         tenants = Tenants(redis, settings.tenant_prefix, auth_cache_s=settings.auth_cache_s)
         quotas = Quotas(redis, settings.tenant_prefix, stream_lease_s=settings.stream_lease_s)
@@ -76,7 +82,10 @@ async def open_gateway(settings: GatewaySettings) -> AsyncIterator[Gateway]:
         if settings.workers:
             router = StaticRouter(list(settings.workers))
         else:
-            ring_settings = RingSettings(redis_url=redis_url, prefix=settings.ring_prefix)
+            # +1: the ring watcher's subscription holds one connection for as long as it runs
+            ring_settings = RingSettings(redis_url=redis_url, prefix=settings.ring_prefix,
+                                         redis_max_connections=redis_pool + 1,
+                                         redis_pool_wait_s=settings.redis_pool_wait_s)
             store = await stack.enter_async_context(RingStore(ring_settings))
             watcher = await stack.enter_async_context(RingWatcher(store))
             router = RingRouter(watcher, ring_settings)
@@ -89,5 +98,7 @@ async def open_gateway(settings: GatewaySettings) -> AsyncIterator[Gateway]:
         catalog = Catalog(tenants, settings.base_voices, cache_s=settings.auth_cache_s)
         decodes = DecodePool(settings.max_concurrent_decodes, settings.max_decodes_per_tenant)
         stack.callback(decodes.close)
-        yield Gateway(settings, redis_url, tenants, quotas, meter, catalog, pool, watcher, jobs, GatewayMetrics(),
-                      decodes)
+        gateway = Gateway(settings, redis_url, tenants, quotas, meter, catalog, pool, watcher, jobs, GatewayMetrics(),
+                          decodes)
+        stack.callback(gateway.cuts.flush)  # a burst cut just before the stop is still said
+        yield gateway

@@ -6,7 +6,9 @@ reaches only `up`, which stops the children in order) that also gets SIGTERM if 
 restarted child's earlier lives stay readable. A stop sends SIGTERM to the child's main process
 only: a worker drains and then stops its own vLLM engine processes, which a signal to the whole
 group would abort mid-stream (systemd's KillMode=mixed, tini without -g). Whatever of the group
-is left after the grace is killed.
+is left after the grace is killed. A child started again (a restart) first loses whatever its dead
+predecessor left in its group: a worker's engine processes, which would otherwise hold the memory
+(on a GPU, the GPU's) that the new worker needs.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class Child:
         return None if self.proc is None else self.proc.poll()
 
     def start(self) -> None:
+        if self.proc is not None:  # a restart, just after the supervisor reaped the dead one
+            _end_group(self.proc)
         self.starts += 1
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a") as log:
@@ -133,3 +137,11 @@ class Child:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # engine processes that outlived their parent
         await asyncio.to_thread(proc.wait)
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group a dead child led (its session's: nothing of anyone else's) and
+    reap it. At once after its main process is reaped: later, the id may be another group's."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

@@ -3,7 +3,8 @@ stopped in reverse order.
 
 A stage is a group of children that start together and must all be healthy before the next stage
 starts (workers before the gateway and trainer that call them). A child that dies while serving
-is reported with its log tail and started again, at most `max_restarts` times in `window_s`;
+is reported with its log tail and started again (`Child.start` first kills what it left in its
+process group: a worker's engine processes), at most `max_restarts` times in `window_s`;
 past that the supervisor gives up and reports it, because a child that crashes on every start
 needs a person, not a loop. Stopping runs the stages backwards, so the gateway finishes its
 streams while the workers still serve them, and the workers drain last.

@@ -76,8 +76,9 @@ class WorkerIdsInUse(Exception):
 async def check_worker_ids(redis_url: str, worker_ids: tuple[str, ...]) -> None:
     """Refuse to start workers whose ids are alive in this Redis's ring (another stack's): two
     processes heartbeating one id would take turns owning its voices."""
+    from hashring.redis_client import redact_url
     from hashring.settings import RingSettings
-    from hashring.store import RingStore, redact_url
+    from hashring.store import RingStore
 
     async with RingStore(RingSettings.from_env(redis_url=redis_url)) as store:
         taken = sorted(set(worker_ids) & (await store.snapshot()).live)
@@ -114,7 +115,7 @@ def _banner(plan: StackPlan, key, created: bool, redis_url: str, settings: UpSet
     if token:
         lines += [f"  cluster token {settings.folder / 'cluster-token'}   (workers want it as 'Authorization: "
                   "Bearer', /metrics too)"]
-    from hashring.store import redact_url
+    from hashring.redis_client import redact_url
 
     lines += [f"  Redis         {redact_url(redis_url)}   (the whole URL: redis_url in {settings.folder / 'up.json'})",
               f"  logs          {settings.logs}/",
@@ -146,7 +147,7 @@ async def run_up(settings: UpSettings, *, report: Callable[[str], None] = say) -
 async def _run(settings: UpSettings, folder: StackFolder, interrupt: asyncio.Event, report) -> int:
     from hashring.embedded import EmbeddedRedis
 
-    from hashring.store import redact_url
+    from hashring.redis_client import redact_url
 
     # the embedded Redis wants a password (kept in the folder): other local users can reach 127.0.0.1
     embedded = None if settings.redis_url else EmbeddedRedis(data_dir=(settings.folder / "redis").resolve(),

@@ -12,6 +12,8 @@
     ├── Unauthorized      a missing, malformed, unknown or revoked API key (one message for all four)
     ├── Unavailable       Redis is unreachable or refuses commands for now (memory full, no master,
     │                     loading...) and the key was not verified recently (retryable: HTTP 503)
+    ├── Busy              every pooled Redis connection of this gateway process stayed in use past the
+    │                     pool's wait: the process is busy, not Redis (retryable: HTTP 503 gateway_busy)
     ├── StoreError        Redis refused a command for good, or holds a damaged record (the operator's: HTTP 500)
     ├── TenantNotFound    an operator named a tenant that does not exist
     ├── TenantExists      a tenant name already taken
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 from gateway.tenants.auth_cache import DEFAULT_AUTH_CACHE_S
 from gateway.tenants.errors import (
+    Busy,
     InvalidLimits,
     InvalidName,
     InvalidPolicy,
@@ -74,6 +77,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "TENANT_ID",
     "TENANT_NAME",
+    "Busy",
     "ConsentMode",
     "InvalidLimits",
     "InvalidName",

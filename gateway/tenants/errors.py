@@ -7,6 +7,10 @@ CLUSTERDOWN). Each passes by itself, so each is `Unavailable` (retryable: HTTP 5
 Retry-After). Anything else Redis refuses is a `StoreError` (the operator's to fix: HTTP 500).
 Neither message carries Redis's own text, which can name keys and their sizes: that goes to the
 log, where the operator looks.
+
+Every pooled connection in use for longer than the pool waits (redis-py's MaxConnectionsError, a
+ConnectionError subclass) is neither: Redis may be fine, this gateway process is busy. That is
+`Busy` (retryable, HTTP 503 `gateway_busy`), never "unreachable".
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Final, Literal
 import redis.exceptions
 
 __all__ = [
-    "InvalidLimits", "InvalidName", "InvalidPolicy", "QuotaExceeded", "QuotaName", "StoreError", "TenantError",
+    "Busy", "InvalidLimits", "InvalidName", "InvalidPolicy", "QuotaExceeded", "QuotaName", "StoreError", "TenantError",
     "TenantExists", "TenantNotFound", "TenantRevoked", "Unauthorized", "Unavailable", "VoiceExists", "VoiceNotFound",
     "redis_errors",
 ]
@@ -59,6 +63,15 @@ class Unauthorized(TenantError):
 class Unavailable(TenantError):
     """Redis cannot be reached or refuses commands for now; keys verified in the last `auth_cache_s`
     keep working meanwhile."""
+
+    retryable = True
+
+
+class Busy(TenantError):
+    """Every connection this gateway process holds to Redis stayed in use for longer than its pool
+    waits (`redis_pool_wait_s`): the process is busier than its pool, Redis itself may be fine.
+    Not `Unavailable`: nothing is served from the caches or left uncounted for it; the request is
+    refused, to be retried."""
 
     retryable = True
 
@@ -124,6 +137,10 @@ def redis_errors() -> Iterator[None]:
     """Map redis-py errors raised inside the block to tenant errors (the one Redis boundary)."""
     try:
         yield
+    except redis.exceptions.MaxConnectionsError as exc:  # before ConnectionError, its base class
+        log.debug("the gateway is busier than its Redis pool: %s", exc)  # per request: its 503s are counted
+        raise Busy("the gateway is busy: every one of its connections to the tenant store stayed in use; "
+                   "try again in a moment") from exc
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
         raise Unavailable(f"the tenant store (Redis) is unreachable ({type(exc).__name__}); "
                           "try again in a few seconds") from exc

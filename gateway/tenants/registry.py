@@ -53,11 +53,14 @@ from hashring.redis_client import async_client
 __all__ = ["Tenants", "connect_redis"]
 
 
-def connect_redis(url: str, *, timeout_s: float) -> aioredis.Redis:
+def connect_redis(url: str, *, timeout_s: float, max_connections: int | None = None,
+                  pool_wait_s: float | None = None) -> aioredis.Redis:
     """A client as the tenant layer wants it: text replies, short timeouts, one quick reconnect
-    (a pooled socket may be stale) and no slow backoff, so a dead Redis is noticed at once."""
-    return async_client(url, decode_responses=True, socket_timeout=timeout_s,
-                        socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 1))
+    (a pooled socket may be stale) and no slow backoff, so a dead Redis is noticed at once. With
+    `max_connections`, a call that finds them all in use waits up to `pool_wait_s` for one, then
+    raises `Busy` (through `redis_errors`); a serving gateway sizes it from its settings."""
+    return async_client(url, max_connections=max_connections, pool_wait_s=pool_wait_s, decode_responses=True,
+                        socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 1))
 
 
 class Tenants:

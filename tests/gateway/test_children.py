@@ -1,11 +1,13 @@
-"""How `voicering up` stops a child (gateway.stack.children), with real processes: a child that,
-like a worker over its vLLM engine core, runs a grandchild in its process group and stops it
-itself on SIGTERM. The graceful stop must reach only the child; a child stuck past its grace
-loses its whole group."""
+"""How `voicering up` stops and restarts a child (gateway.stack.children), with real processes: a
+child that, like a worker over its vLLM engine core, runs a grandchild in its process group and
+stops it itself on SIGTERM. The graceful stop must reach only the child; a child stuck past its
+grace loses its whole group, and so does a dead child before it is started again."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 import textwrap
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from gateway.stack.children import Child, ChildSpec
+from gateway.stack.supervisor import RestartPolicy, Supervisor
 
 # argv: the events file. The grandchild notes its SIGTERM; the child, on SIGTERM, notes it, waits a
 # second (a drain: long enough that a group-wide signal would already have reached the
@@ -99,3 +102,40 @@ def test_a_child_stuck_past_its_grace_loses_its_whole_group(tmp_path):
     while not gone(grandchild):
         assert time.monotonic() < deadline, "the grandchild outlived the stop"
         time.sleep(0.05)
+
+
+async def test_a_child_restarted_by_the_supervisor_first_loses_what_it_left_in_its_group(tmp_path):
+    """The child's main process alone SIGKILLed (as the OOM killer ends a worker): its grandchild,
+    like an engine core with nothing watching it, lives on in the dead child's group. The
+    supervisor's restart kills that group before it starts the child again."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    events = tmp_path / "events"
+    child = Child(ChildSpec("fake-worker", (str(events), "drains"), launcher=(sys.executable, str(script)),
+                            stop_timeout_s=10, settle_s=0.2), tmp_path / "logs")
+    reports: list[str] = []
+    supervisor = Supervisor([[child]], report=reports.append, policy=RestartPolicy(max_restarts=1, window_s=60))
+    interrupt = asyncio.Event()
+
+    async def grandchild_of_life(n: int) -> int:
+        deadline = time.monotonic() + 60
+        while len(lives := [x for x in events.read_text().splitlines() if x.startswith("child ready")]) < n:
+            assert time.monotonic() < deadline, child.log_tail()
+            await asyncio.sleep(0.05)
+        return int(lives[n - 1].split()[-1])
+
+    await supervisor.start(interrupt)
+    watching = asyncio.create_task(supervisor.watch(interrupt))
+    first = None
+    try:
+        first = await grandchild_of_life(1)
+        os.kill(child.proc.pid, signal.SIGKILL)
+        second = await grandchild_of_life(2)  # the child runs again: by now its first group is gone
+        assert gone(first) and not gone(second), (first, second)
+        assert any(line.startswith("fake-worker exited with code -9; restarting it") for line in reports), reports
+    finally:
+        interrupt.set()
+        assert await watching is None
+        await supervisor.stop()
+        if first is not None and not gone(first):  # a failed test's orphan
+            os.kill(first, signal.SIGKILL)

@@ -68,9 +68,10 @@ def test_server_timing_splits_the_gateway_s_wait_from_the_worker_s(gateway, key)
     assert response.status_code == 200 and body
     timing = dict(re.fullmatch(r"(\w+);dur=([\d.]+)", part.strip()).groups()
                   for part in response.headers["server-timing"].split(","))
-    admit, worker_ms = float(timing["admit"]), float(timing["worker"])
-    assert set(timing) == {"admit", "worker"} and 0 < admit and 0 < worker_ms
+    admit, worker_ms, place = float(timing["admit"]), float(timing["worker"]), float(timing["place"])
+    assert set(timing) == {"admit", "worker", "place"} and 0 < admit and 0 < worker_ms
     assert admit + worker_ms <= ttfb_ms  # both inside what the client waited for its first byte
+    assert 0 < place <= worker_ms  # a worker took the start before it spoke
     metrics = httpx.get(gateway.metrics_url, timeout=10).text  # the internal metrics server
     assert re.search(r'voicering_gateway_requests_total\{route="/v1/audio/speech",status="200"\} [1-9]', metrics)
 

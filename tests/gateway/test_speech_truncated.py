@@ -7,6 +7,10 @@ back a short file as if it were whole.
 
 The failure is real: a worker of this test's own (the session worker is shared), behind a gateway
 pinned to it, SIGKILLed while three streams are mid-utterance. Worker and gateway stop at the end.
+
+The gateway says so once, in its own words (issue 34 item 16): one line for the burst, naming how
+many responses were cut, the worker and why, with their trace ids; never uvicorn's "ASGI callable
+returned without completing response." once per request.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.api.cuts import UVICORN_INCOMPLETE
 from tests.fixtures.gateway import start_gateway
 from tests.fixtures.models import start_worker
 
@@ -113,3 +118,13 @@ async def test_audio_cut_after_its_first_chunk_is_an_error_for_every_client(doom
                 break
             await asyncio.sleep(0.1)
     assert usage["requests"] == 3 and usage["audio_seconds"] > 0
+    # the gateway's log: the burst said once, in its words; uvicorn's line never
+    for _ in range(50):  # the burst's line is written CUT_REPORT_S after its first cut
+        cut_lines = [line for line in gateway.log_path.read_text().splitlines() if "speech response(s) after" in line]
+        if cut_lines:
+            break
+        await asyncio.sleep(0.1)
+    log = gateway.log_path.read_text()
+    assert UVICORN_INCOMPLETE not in log, gateway.log_tail()
+    assert len(cut_lines) == 1 and "cut 3 speech response(s)" in cut_lines[0], cut_lines or gateway.log_tail()
+    assert f"worker {worker.url} failed (worker_lost" in cut_lines[0], cut_lines[0]

@@ -77,7 +77,10 @@ async def test_a_placed_start_is_served_where_it_lands_and_reported_as_a_spill(r
         pool = await stack.enter_async_context(WorkerPool(RingRouter(watcher, settings)))
         here = Forwarder(other, watcher, settings, pool, heat)
         assert here.should_forward(Start("c1", "tara"))  # a caller that does not know the ring: relayed
-        assert not here.should_forward(Start("c2", "tara", placed=True))  # the pool placed it: served here
+        placed = Start("c2", "tara", placed=True)
+        assert here.decide(placed) == "spill" and not here.should_forward(placed)  # the pool placed it: served here
+        assert here.spills == 0  # counted only once admitted (the server calls `spilled` then)
+        here.spilled(placed)
         assert here.spills == 1 and heat._spills == {"tara": 1}
         at_owner = Forwarder(owner, watcher, settings, pool, heat)
         assert not at_owner.should_forward(Start("c3", "tara", placed=True)) and at_owner.spills == 0

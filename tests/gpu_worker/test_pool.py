@@ -140,8 +140,8 @@ def pcm_bytes(frames: int) -> int:
 
 
 async def test_concurrent_utterances_share_few_connections(worker):
-    """8 at once with 4 per connection: the pool learns the share from `busy`, opens a second
-    connection, and a second burst needs no handshake at all."""
+    """8 at once with 4 per connection: the pool knows the share from the handshake (a worker
+    says it), opens a second connection for the other four, and a second burst needs no handshake."""
     await worker.wait_idle()
     async with WorkerPool.static([worker.url]) as pool:
         voices = ["tara", "leo"] * 4
@@ -149,7 +149,7 @@ async def test_concurrent_utterances_share_few_connections(worker):
         # eight starts share the first dial; a `busy` answered while the burst is still being sent
         # may teach the pool the share early, so the last starts can already take a second connection
         assert pool.handshakes <= 2
-        await asyncio.gather(*(stream.end() for stream in held))  # all eight live at once: four are refused `busy`
+        await asyncio.gather(*(stream.end() for stream in held))  # all eight live at once, four per connection
 
         async def collect(stream):
             pcm = b"".join([chunk async for chunk in stream.audio()])

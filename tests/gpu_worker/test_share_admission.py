@@ -31,6 +31,7 @@ from websockets.asyncio.client import connect
 from gpu_worker.adapters import publish_adapter
 from gpu_worker.protocol import PROTOCOL_HEADER, AudioChunk
 from gpu_worker.server import fleet_share
+from hashring.share import share_floor_streams
 from hashring.membership import Heartbeat, RingWatcher
 from hashring.placement import place
 from hashring.records import RingView, WorkerInfo
@@ -77,6 +78,22 @@ def test_the_admit_factor_is_a_ring_setting_above_one():
             RingSettings.from_env({"VOICERING_RING_ADMIT_FACTOR": bad})
     with pytest.raises(ValueError, match="VOICERING_RING_ADMIT_FACTOR"):
         RingSettings.from_env({"VOICERING_RING_ADMIT_FACTOR": "lots"})
+
+
+@pytest.mark.parametrize(("capacity", "floor", "streams"), [(32, 0.5, 16), (2, 0.5, 1), (5, 0.5, 3), (32, 0.0, 0),
+                                                             (8, 1.0, 8)])
+def test_below_its_share_floor_a_worker_never_refuses_for_share(capacity, floor, streams):
+    """Issue 33: in a burst every worker sees the others at their last (idle) heartbeat; below the
+    floor the share is not consulted at all (the server's `_share` returns None there)."""
+    assert share_floor_streams(capacity, floor) == streams
+
+
+def test_the_share_floor_is_a_ring_setting_from_0_to_1():
+    assert RingSettings().share_floor == 0.5
+    assert RingSettings.from_env({"VOICERING_RING_SHARE_FLOOR": "0.25"}).share_floor == 0.25
+    for bad in ("-0.1", "1.5"):
+        with pytest.raises(ValueError, match="share_floor"):
+            RingSettings.from_env({"VOICERING_RING_SHARE_FLOOR": bad})
 
 
 # -- on a real ring worker ------------------------------------------------------------------------
@@ -187,12 +204,14 @@ async def test_a_worker_over_its_share_of_the_fleet_refuses_unless_the_start_ins
             await start(ws, "second", voice, SHORT, placed=True)
             refused = await answer(ws, "second")
             assert (refused["type"], refused["code"], refused["retryable"], refused["load"]) == ("error", "busy", True, 1)
+            assert refused["limit"] == "share"  # a preference, not the link's limit: the pool tries another owner
             assert "worker holds 1 streams, over its share of the fleet (ceil(1.35 × mean 0.5) = 1)" in refused["message"]
             await start(ws, "third", voice, LONG, placed=True, insist=True)
             assert await answer(ws, "third") == {"context_id": "third", "load": 2, "type": "opened"}
             await start(ws, "fourth", voice, SHORT, placed=True, insist=True)
             full = await answer(ws, "fourth")
             assert (full["code"], full["load"]) == ("busy", 2) and "limit of 2 concurrent streams" in full["message"]
+            assert full["limit"] == "capacity"
             # one cancel at a time: `answer` skips other contexts' messages, and two ends may come in either order
             await ws.send(json.dumps({"type": "cancel", "context_id": "first"}))
             first_done = await answer(ws, "first")
@@ -209,6 +228,43 @@ async def test_a_worker_over_its_share_of_the_fleet_refuses_unless_the_start_ins
         after = metrics(ring_worker)
         assert _count(after, "share") == _count(before, "share") + 1
         assert _count(after, "busy") == _count(before, "busy") + 1  # the capacity refusal
+    await ring_worker.wait_idle()
+
+
+async def test_a_placed_start_refused_busy_is_not_counted_as_a_spill(ring_worker, redis_server, adapter_store):
+    """Regression (issue 34 item 11): the worker counted a spill when it decided to serve a placed
+    start for a voice it does not own, before admission refused it; such refusals inflated the
+    voice's spill share and raised its replicas. Full worker: the placed start of another owner's
+    voice is refused and no spill is signalled; with room, the same start is a spill, once."""
+    async with AsyncExitStack() as stack:
+        peers = {"spill-idle-0": f"ws://127.0.0.1:{refused_port()}"}
+        settings, store, watcher = await fleet(stack, redis_server.url, ring_worker, peers)
+        own = voice_owned_by(WORKER, watcher.view, settings, adapter_store)
+        foreign = voice_owned_by("spill-idle-0", watcher.view, settings, adapter_store)
+        await store.take_signals()  # start from no spill
+        async with connect(ring_worker.url, additional_headers=V2) as ws:
+            for cid in ("hold-1", "hold-2"):  # fill it (capacity 2); insisting: no share refusal
+                await start(ws, cid, own, LONG, placed=True, insist=True)
+                assert (await answer(ws, cid))["type"] == "opened"
+            await start(ws, "refused", foreign, SHORT, placed=True)
+            refused = await answer(ws, "refused")
+            assert (refused["code"], refused["limit"]) == ("busy", "capacity")
+            await ws.send(json.dumps({"type": "cancel", "context_id": "hold-1"}))
+            assert (await answer(ws, "hold-1"))["type"] == "done"
+            await start(ws, "served", foreign, SHORT, placed=True, insist=True)
+            assert (await answer(ws, "served"))["type"] == "opened"  # served here: the one spill
+            spills: dict[str, int] = {}
+            after_seen = 0
+            for _ in range(200):  # flushed by the worker's heat recorder every 0.1 s: ten more flushes
+                for voice, n in (await store.take_signals())[1].items():  # after the first sighting,
+                    spills[voice] = spills.get(voice, 0) + n  # so a second count could not hide
+                after_seen += foreign in spills
+                if after_seen > 10:
+                    break
+                await asyncio.sleep(0.1)
+            await ws.send(json.dumps({"type": "cancel", "context_id": "hold-2"}))
+            await answer(ws, "hold-2")
+        assert spills.get(foreign) == 1, spills
     await ring_worker.wait_idle()
 
 

@@ -19,8 +19,9 @@ from hashring.errors import RingUnavailable, UnknownWorker
 from hashring.membership import Heartbeat, RingWatcher
 from hashring.placement import ReplicaControl, place, route
 from hashring.records import WorkerInfo
+from hashring.redis_client import redact_url
 from hashring.settings import RingSettings
-from hashring.store import RingStore, redact_url
+from hashring.store import RingStore
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(60)

@@ -175,14 +175,22 @@ def test_bench_figures_small():
 def test_the_modelled_share_is_the_workers_rule():
     from bench.ring import share_limit
 
+    def limit(in_flight, others, workers, *, capacity=32, admit_factor=1.35, insist=False, share_floor=0.0):
+        return share_limit(in_flight, others, workers, capacity=capacity, admit_factor=admit_factor, insist=insist,
+                           share_floor=share_floor)
+
     # mean = (others 10 + own 4 + the start being decided 1) / 5 = 3; ceil(1.35 × 3) = 5 (4.05)
-    assert share_limit(4, 10, 5, capacity=32, admit_factor=1.35, insist=False) == 5
-    assert share_limit(0, 0, 1, capacity=32, admit_factor=1.35, insist=False) == 2  # a lone worker admits
-    assert share_limit(1, 1, 2, capacity=32, admit_factor=1.35, insist=False) == 3  # 1.35 × 1.5 = 2.025
-    assert share_limit(0, 2, 2, capacity=32, admit_factor=1.5, insist=False) == 3  # 1.5 × 1.5 = 2.25: no float drift
-    assert share_limit(9, 0, 4, capacity=8, admit_factor=1.35, insist=False) == 4
-    assert share_limit(9, 0, 4, capacity=8, admit_factor=1.35, insist=True) == 8  # insist: only the capacity
-    assert share_limit(30, 3000, 10, capacity=8, admit_factor=1.35, insist=False) == 8
+    assert limit(4, 10, 5) == 5
+    assert limit(0, 0, 1) == 2  # a lone worker admits
+    assert limit(1, 1, 2) == 3  # 1.35 × 1.5 = 2.025
+    assert limit(0, 2, 2, admit_factor=1.5) == 3  # 1.5 × 1.5 = 2.25: no float drift
+    assert limit(9, 0, 4, capacity=8) == 4
+    assert limit(9, 0, 4, capacity=8, insist=True) == 8  # insist: only the capacity
+    assert limit(30, 3000, 10, capacity=8) == 8
+    # the share floor (issue 33): half of 32 is 16, so a stale idle view refuses nothing below it
+    assert limit(4, 0, 2, share_floor=0.5) == 16 and limit(15, 0, 2, share_floor=0.5) == 16
+    assert limit(16, 0, 2, share_floor=0.5) == 16  # at the floor the share rules again: 17 > 16, refused
+    assert limit(20, 40, 2, share_floor=0.5) == 32  # ceil(1.35 × 30.5) = 42 > capacity
 
 
 def test_the_modelled_share_matches_the_worker_s_own_function():
@@ -191,6 +199,7 @@ def test_the_modelled_share_matches_the_worker_s_own_function():
     from bench.ring import share_limit
     from gpu_worker.server import fleet_share
     from hashring.records import RingView, Snapshot, WorkerInfo
+    from hashring.share import share_floor_streams
 
     ids = [f"w{i}" for i in range(4)]
     for reported in ([0, 0, 0, 0], [3, 1, 4, 1], [7, 7, 0, 2], [12, 0, 0, 0]):
@@ -198,6 +207,8 @@ def test_the_modelled_share_matches_the_worker_s_own_function():
                         frozenset(ids), frozenset(), dict(zip(ids, reported, strict=True)), {}, {})
         view = RingView.from_snapshot(snap, vnodes=16)
         for in_flight in range(10):
-            share, _mean = fleet_share(view, "w0", in_flight, 1.35)
-            assert min(8, share) == share_limit(in_flight, sum(reported[1:]), 4, capacity=8, admit_factor=1.35,
-                                                insist=False), (reported, in_flight)
+            for share_floor in (0.0, 0.5):
+                floor = share_floor_streams(8, share_floor)
+                share, _mean = fleet_share(view, "w0", in_flight, 1.35, floor)
+                assert min(8, share) == share_limit(in_flight, sum(reported[1:]), 4, capacity=8, admit_factor=1.35,
+                                                    insist=False, share_floor=share_floor), (reported, in_flight)

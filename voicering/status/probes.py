@@ -75,7 +75,7 @@ class StatusReader:
         is the report's `queue_error`, a worker that does not answer its probe's `error`."""
         from hashring.fleet_view import read_fleet
         from hashring.presence import read_presence
-        from hashring.store import redact_url
+        from hashring.redis_client import redact_url
 
         s = self.settings
         assert self._store is not None, "use `async with StatusReader(...)`"
