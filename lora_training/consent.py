@@ -3,15 +3,18 @@
 The gateway issued the phrase (gateway.cloning.consent) and checked only that the recording
 decodes and is short; here, after preprocessing:
 
-- **the phrase**: the recording is transcribed (lora_training.asr, the job's model, else the bundled
-  tiny.en) and the phrase's words heard *in order* are counted after normalising both sides
-  (lowercase, digits spelled, punctuation dropped; a word counts only when heard exactly). At
-  most MAX_PHRASE_WORDS_MISSED may be missed: tiny.en heard every word of the list in 210
-  espeak-ng readings (and missed 3 in 222 before two words were dropped), but espeak-ng runs
-  neighbours together now and then ("wallet, orange" heard as "while it are in", which failed a
-  demo run with 4 words and 1 allowed miss): five words with two misses allowed pass such a
-  reading, and a recording of anything else still does not hold three of five random words from
-  PHRASE_WORDS in their order.
+- **the reading**: the recording is transcribed (lora_training.asr, the job's model, else the
+  bundled tiny.en) and held to the text the creator was given (`consent_text`: CONSENT_SENTENCE,
+  then the phrase), both sides normalised (lowercase, digits spelled, punctuation dropped; a
+  word counts only when heard exactly). Three things must hold (`reading_heard`):
+  the sentence, at most MAX_SENTENCE_WORDS_MISSED of its words missed in order; the phrase's
+  items (its words and its number) heard in order, at most MAX_PHRASE_WORDS_MISSED missed; and
+  at most MAX_EXTRA_WORDS words heard beyond the text's own count. The last is what stops a
+  replay: a recording that says much more than the text (a reading of the whole public word
+  list, say, which holds every phrase's words) fails however many phrase words it holds. The
+  allowances are tiny.en's errors on espeak-ng readings (it runs neighbours together, "wallet,
+  orange" heard as "while it are in", and hears "I consent" as "I can send"); docs/training.md,
+  "Spoken consent", has the calibration and the measured pass rates.
 - **the speaker**: the recording's voice print (lora_training.quality.speaker) against the
   windows over (at most REFERENCE_MAX_S of) the job's clips, averaged in stretches as long as the
   recording, decided by lora_training.quality.speakers.speaker_match: the uploads' own spread (a
@@ -43,12 +46,15 @@ if TYPE_CHECKING:
     from lora_training.quality.thresholds import CheckThresholds
     from lora_training.settings import DataParams
 
-__all__ = ["MAX_CONSENT_AUDIO_S", "MAX_PHRASE_WORDS_MISSED", "REFERENCE_MAX_S", "ConsentCheck", "PhraseHeard",
-           "UploadVoice", "check_consent", "phrase_heard", "same_speaker",
-           "words_in_order"]
+__all__ = ["CONSENT_SENTENCE", "MAX_CONSENT_AUDIO_S", "MAX_EXTRA_WORDS", "MAX_PHRASE_WORDS_MISSED",
+           "MAX_SENTENCE_WORDS_MISSED", "REFERENCE_MAX_S", "ConsentCheck", "PhraseHeard", "UploadVoice",
+           "check_consent", "consent_text", "reading_heard", "same_speaker", "words_in_order"]
 
-MAX_CONSENT_AUDIO_S: Final = 30.0  # the recording (reading the text takes ~10 s); the gateway refuses longer
-MAX_PHRASE_WORDS_MISSED: Final = 2  # of the phrase's words (5): 3 heard in order pass
+MAX_CONSENT_AUDIO_S: Final = 30.0  # the recording (reading the text takes ~11 s); the gateway refuses longer
+CONSENT_SENTENCE: Final = "I consent to the training and use of a synthetic copy of my voice."
+MAX_SENTENCE_WORDS_MISSED: Final = 6  # of its 14 words, in order: tiny.en hears "I can send ... emphatic copy on"
+MAX_PHRASE_WORDS_MISSED: Final = 2  # of the phrase's items (a 2-digit number is one item)
+MAX_EXTRA_WORDS: Final = 8  # words heard beyond the text's own count (a word heard as two or three: "while it are in")
 REFERENCE_MAX_S: Final = 300.0  # seconds of the job's clips the voice is compared on (spread evenly)
 MIN_STRETCHES: Final = 3  # the uploads' spread is taken over at least this many stretches
 _WORD: Final = re.compile(r"[a-z']+")
@@ -56,13 +62,34 @@ _WORD: Final = re.compile(r"[a-z']+")
 
 @dataclass(frozen=True, slots=True)
 class PhraseHeard:
-    """What the ASR heard, and how many of the phrase's words it heard in order."""
+    """What the ASR heard of the consent text: the sentence's words and the phrase's items heard in
+    order, and how many words beyond the text's count."""
 
     phrase: str
     heard: str
-    words_heard: int
+    words_heard: int  # the phrase's items (words, and its number) heard in order
     words: int
+    sentence_words_heard: int
+    sentence_words: int
+    extra_words: int  # words heard beyond the text's count (negative: fewer)
     passed: bool
+
+    def why_not(self) -> str | None:
+        """What the creator must do when the reading failed, in words; None when it passed."""
+        if self.passed:
+            return None
+        again = ("Ask POST /v1/voices/consent for a new phrase, record the speaker reading its text_to_read clearly, "
+                 "once, and upload again")
+        if self.extra_words > MAX_EXTRA_WORDS:
+            return (f"the consent recording says much more than the consent text: {self.extra_words} words more were "
+                    f"heard than the text has (at most {MAX_EXTRA_WORDS} pass). {again}")
+        if self.sentence_words_heard < self.sentence_words - MAX_SENTENCE_WORDS_MISSED:
+            return (f"the consent recording does not say the consent sentence (\"I consent to ...\"): "
+                    f"{self.sentence_words_heard} of its {self.sentence_words} words were heard (at least "
+                    f"{self.sentence_words - MAX_SENTENCE_WORDS_MISSED} are needed). {again}")
+        return (f"the consent recording does not say the phrase it was given: {self.words_heard} of its {self.words} "
+                f"words were heard (\"{self.phrase}\"; at least {self.words - MAX_PHRASE_WORDS_MISSED} are needed). "
+                f"{again}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +106,7 @@ class ConsentCheck:
         out = {"passed": self.passed, "phrase": asdict(self.phrase),
                "speaker": asdict(self.speaker) if self.speaker else None,
                "rule": {"max_phrase_words_missed": MAX_PHRASE_WORDS_MISSED,
+                        "max_sentence_words_missed": MAX_SENTENCE_WORDS_MISSED, "max_extra_words": MAX_EXTRA_WORDS,
                         "thresholds_version": self.thresholds.version,
                         "speaker_margin": self.thresholds.consent_speaker_margin,
                         "min_similarity": self.thresholds.consent_min_similarity}}
@@ -89,22 +117,44 @@ def _words(text: str) -> list[str]:
     return _WORD.findall(normalize(text).lower())
 
 
+def consent_text(phrase: str) -> str:
+    """What the creator reads aloud for `phrase` (its items, space-separated): the sentence, then the
+    items (gateway.cloning.consent issues the phrase and shows this as `text_to_read`)."""
+    return f"{CONSENT_SENTENCE} My words are: {', '.join(phrase.split())}."
+
+
+def _items(phrase: str) -> list[tuple[str, ...]]:
+    """The phrase's items as the words they are heard as: "lemon" -> (lemon,), "47" -> (forty, seven)."""
+    return [tuple(_words(item)) for item in phrase.split()]
+
+
 def words_in_order(phrase: str, heard: str) -> int:
-    """How many of the phrase's words appear in `heard` in the phrase's order (the longest common
-    subsequence of the two word lists)."""
-    want, got = _words(phrase), _words(heard)
-    prev = [0] * (len(got) + 1)
-    for w in want:
-        row = [0]
-        for j, g in enumerate(got, 1):
-            row.append(prev[j - 1] + 1 if w == g else max(prev[j], row[j - 1]))
+    """How many of the phrase's items appear in `heard` in the phrase's order, an item of several
+    words (a number) counting when its words are heard together: the longest common subsequence
+    of the items and the heard words."""
+    items, got = [i for i in _items(phrase) if i], _words(heard)
+    prev = [0] * (len(got) + 1)  # prev[j]: items matched so far within got[:j]
+    for item in items:
+        n = len(item)
+        row = [0] * (len(got) + 1)
+        for j in range(1, len(got) + 1):
+            row[j] = max(prev[j], row[j - 1])
+            if j >= n and tuple(got[j - n:j]) == item:
+                row[j] = max(row[j], prev[j - n] + 1)
         prev = row
     return prev[-1]
 
 
-def phrase_heard(phrase: str, heard: str) -> PhraseHeard:
-    count, total = words_in_order(phrase, heard), len(_words(phrase))
-    return PhraseHeard(phrase, heard, count, total, count >= total - MAX_PHRASE_WORDS_MISSED)
+def reading_heard(phrase: str, heard: str) -> PhraseHeard:
+    """Hold what the ASR heard to the consent text of `phrase` (the module doc's three rules)."""
+    sentence = " ".join(_words(CONSENT_SENTENCE))
+    sentence_words = len(sentence.split())
+    sentence_heard = words_in_order(sentence, heard)
+    count, total = words_in_order(phrase, heard), len([i for i in _items(phrase) if i])
+    extra = len(_words(heard)) - len(_words(consent_text(phrase)))
+    passed = (sentence_heard >= sentence_words - MAX_SENTENCE_WORDS_MISSED
+              and count >= total - MAX_PHRASE_WORDS_MISSED and extra <= MAX_EXTRA_WORDS)
+    return PhraseHeard(phrase, heard, count, total, sentence_heard, sentence_words, extra, passed)
 
 
 def _reference(clips: Sequence[Clip]) -> list[np.ndarray]:
@@ -170,13 +220,9 @@ def check_consent(path: Path, phrase: str, clips: Sequence[Clip], data: DataPara
     thresholds = thresholds or CheckThresholds()
     recording = ingest(path, data, max_s=MAX_CONSENT_AUDIO_S)
     said = asr.transcribe(recording.audio, passage=True)
-    heard = phrase_heard(phrase, getattr(said, "text", said))
+    heard = reading_heard(phrase, getattr(said, "text", said))
     if not heard.passed:
-        _fail(ConsentCheck(heard, None, thresholds), (
-            f"the consent recording does not say the phrase it was given: {heard.words_heard} of its {heard.words} "
-            f"words were heard (\"{phrase}\"; at least {heard.words - MAX_PHRASE_WORDS_MISSED} are needed). Ask "
-            "POST /v1/voices/consent for a new phrase, record the speaker reading its text_to_read clearly, and "
-            "upload again"))
+        _fail(ConsentCheck(heard, None, thresholds), heard.why_not() or "")
     match = same_speaker(recording.audio, voice or UploadVoice.of(clips, encoder), encoder, thresholds)
     result = ConsentCheck(heard, match, thresholds)
     if not match.same:

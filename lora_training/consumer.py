@@ -21,6 +21,10 @@ Once an outcome is recorded (the job is final), its trainer removes what the job
 checkpoints, its caches, staged copies, empty staging folders (`cleanup.clean_job`); never while
 the job can still be retried.
 
+Every JOB_TRIM_EVERY_S, between jobs, a trainer deletes the records of jobs that ended more than
+`job_record_keep_s` ago (`JobQueue.trim`): Redis runs without eviction, and a job's spec holds
+creator data.
+
 Every write while a job runs is fenced by the lock token, and so is publishing. A trainer that
 cannot renew for `lease_ms` by its own clock stops the job itself (LeaseLost), since by then the
 lock may have passed to another trainer. Redis failures outside a job (reading the queue,
@@ -32,6 +36,7 @@ lock expires, which is the same path as a retryable failure.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -53,6 +58,7 @@ PROGRESS_EVERY_S = 0.5
 CANCEL_POLL_S = 1.0  # a running job's cancel request is read this often (the lease renews every lease_ms / 3)
 BACKOFF_FIRST_S = 0.5  # first wait after a Redis failure; doubles up to TrainSettings.retry_max_s
 LIVE_JOBS_SCANNED = 200  # newest jobs checked for sharing a final job's clip cache (an older live one re-preprocesses)
+JOB_TRIM_EVERY_S = 600.0  # how often a trainer deletes the records of jobs final past job_record_keep_s
 
 
 class RedisReporter:
@@ -180,8 +186,12 @@ class TrainWorker:
             self._stop_event = stop_event
         stop_event = self._stop_event
         finished = failures = 0
+        trimmed_at = -math.inf  # monotonic time of the last trim: the first round trims
         while (max_jobs is None or finished < max_jobs) and not stop_event.is_set():
             try:
+                if time.monotonic() - trimmed_at >= JOB_TRIM_EVERY_S:
+                    self._trim()
+                    trimmed_at = time.monotonic()
                 delivery = self.queue.next(self.consumer, block_ms=self.settings.block_ms,
                                            claim_idle_ms=self.settings.claim_idle_ms)
                 if delivery is not None and self.process(delivery):
@@ -193,6 +203,14 @@ class TrainWorker:
                 log.warning("training queue failed (%s); retrying in %.1f s", err.message, delay)
                 stop_event.wait(delay)
         return finished
+
+    def _trim(self) -> None:
+        """Delete the records of jobs final for longer than job_record_keep_s (Redis errors propagate:
+        the loop's backoff)."""
+        deleted = self.queue.trim(self.settings.job_record_keep_s)
+        if deleted:
+            log.info("deleted the records of %d jobs final for over %.0f h", deleted,
+                     self.settings.job_record_keep_s / 3600)
 
     def process(self, delivery: Delivery) -> bool:
         """Run one delivery; True when the job reached an outcome here (ran, failed or was skipped as done)."""

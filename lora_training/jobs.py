@@ -21,6 +21,12 @@ records the token in the job hash in one script, right before the voice is renam
 Each trainer also keeps its own monotonic clock on the lease (`Lease.expired`), so a trainer cut
 off from Redis knows when its lock may have passed to another trainer.
 
+Records do not outlive their use: a final job's hash, index entry and stream entry are deleted
+together (`delete`, one script that leaves a job alone while it is not final or its lock is
+held): by the gateway with the voice, and by the trainers for every job final longer than
+`TrainSettings.job_record_keep_s` (`trim`, oldest first, a bounded batch per call). The hash holds
+the job's spec (file names, the consent phrase), so keeping it is keeping creator data.
+
 Submitting (hash + index + stream entry) and cancelling (state check + write) are one script each,
 and so is finishing: the outcome (ready, cancelled, failed) is written and the entry acked together
 (`finish`), so an entry is never acked without its outcome; a job left without one anyway (an
@@ -43,6 +49,7 @@ if TYPE_CHECKING:
     import redis
 
 GROUP = "trainers"
+TRIM_SCAN = 500  # jobs one `trim` call looks at (oldest first); a trainer trims every JOB_TRIM_EVERY_S
 
 _RENEW = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
@@ -142,6 +149,28 @@ redis.call('hset', KEYS[1], 'state', ARGV[3], 'message', ARGV[4], 'error_code', 
            'updated_at', ARGV[2])
 return ARGV[3]
 """
+# KEYS: job hash, lock, stream, index. ARGV: job id, group, cutoff (unix s: the job must have ended
+# before it; 0: any time), terminal states... Deletes a final job's hash, index entry and stream
+# entry (acked first, so no pending reference is left), or an index entry whose hash is gone.
+# A job not final, without a state, ended after the cutoff, or locked is left alone: returns 0.
+_DELETE = """
+if redis.call('exists', KEYS[2]) == 1 then return 0 end
+if redis.call('exists', KEYS[1]) == 1 then
+  local f = redis.call('hmget', KEYS[1], 'state', 'updated_at', 'entry_id')
+  if not f[1] then return 0 end
+  local final = false
+  for i = 4, #ARGV do if f[1] == ARGV[i] then final = true end end
+  if not final then return 0 end
+  if tonumber(ARGV[3]) > 0 and (tonumber(f[2]) or 0) >= tonumber(ARGV[3]) then return 0 end
+  if f[3] and redis.call('type', KEYS[3])['ok'] == 'stream' then
+    redis.pcall('xack', KEYS[3], ARGV[2], f[3])
+    redis.call('xdel', KEYS[3], f[3])
+  end
+  redis.call('del', KEYS[1])
+end
+redis.call('zrem', KEYS[4], ARGV[1])
+return 1
+"""
 
 
 @dataclass(frozen=True)
@@ -211,6 +240,7 @@ class JobQueue:
         self._cancel = client.register_script(_CANCEL)
         self._finish = client.register_script(_FINISH)
         self._reconcile = client.register_script(_RECONCILE)
+        self._delete = client.register_script(_DELETE)
         self._group_ready = False
         self._claim_cursor = "0-0"  # where the next XAUTOCLAIM scan of the pending list starts
 
@@ -291,6 +321,27 @@ class JobQueue:
             self._reconcile(keys=[self.job_key(job_id), self.lock_key(job_id), self.stream],
                             args=[GROUP, time.time(), state, message, error_code, error, *sorted(TERMINAL)])
         return self.status(job_id)
+
+    def delete(self, job_id: str) -> bool:
+        """Delete a final job's records (hash, index entry, stream entry); True when they are gone
+        (or never were). A job still queued or running, or locked, is left as it is: False."""
+        with _mapped("deleting a job"):
+            return bool(self._delete(keys=self._record_keys(job_id), args=[job_id, GROUP, 0, *sorted(TERMINAL)]))
+
+    def trim(self, keep_s: float, *, now: float | None = None, scan: int = TRIM_SCAN) -> int:
+        """Delete the records of jobs that ended more than `keep_s` ago, looking at most at the `scan`
+        oldest jobs created before then (older jobs first; call again for more). Returns how many
+        were deleted. Jobs not final are left alone, however old."""
+        cutoff = (time.time() if now is None else now) - keep_s
+        deleted = 0
+        with _mapped("trimming old jobs"):
+            ids = self.redis.zrangebyscore(self.index, "-inf", f"({cutoff}", start=0, num=scan)
+            for job_id in ids:
+                deleted += self._delete(keys=self._record_keys(job_id), args=[job_id, GROUP, cutoff, *sorted(TERMINAL)])
+        return deleted
+
+    def _record_keys(self, job_id: str) -> list[str]:
+        return [self.job_key(job_id), self.lock_key(job_id), self.stream, self.index]
 
     # -- consumers ------------------------------------------------------------------------------
 
@@ -451,4 +502,4 @@ def _mapped(doing: str) -> Iterator[None]:
         raise InfrastructureError(f"Redis failed while {doing}: {error}") from None
 
 
-__all__ = ["GROUP", "Delivery", "JobQueue", "JobStatus", "Lease"]
+__all__ = ["GROUP", "TRIM_SCAN", "Delivery", "JobQueue", "JobStatus", "Lease"]

@@ -143,6 +143,9 @@ class TrainSettings(BaseSettings):
     block_ms: int = 2_000
     max_attempts: int = 3
     retry_max_s: float = 30.0  # longest wait between retries while Redis is unreachable (backoff doubles to it)
+    job_record_keep_s: float = Field(7 * 86_400.0, gt=0, description="a final job's records (its hash with the spec: "
+                                     "file names, consent phrase; its stream entry) are deleted this long after it "
+                                     "ended, by the trainers (docs/security.md); a deleted voice's go at once")
     # the internal port of `train-worker` (lora_training.health_server): GET /health and /metrics
     health_host: str = Field("127.0.0.1", description="address of the trainer's /health and /metrics server")
     health_port: int | None = Field(None, ge=0, le=65535, description="port of the trainer's /health and /metrics "

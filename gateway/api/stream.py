@@ -32,6 +32,12 @@ the check. Each `start` is counted against the tenant's rate limit as an HTTP re
 (refused with `bad_request` when malformed, like any field), else a new trace; its `done.stats`
 carry the `trace_id`, and the gateway logs one `hop=gateway` line when it ends.
 
+**What the gateway adds to first audio, on its own clock** (HTTP's `Server-Timing` for the
+socket): `done.stats.gateway_ms` is the `start`'s arrival to the worker start (key, request window,
+voice name, stream slot: `admit`) plus the first audio's arrival from the worker (its link's reader
+took it off the socket) to its hand-off to this socket's writer. The time in between is the
+worker's (and the link's); nothing of the client's network is in it.
+
 Writes go through one bounded outbox and one writer task: a client that stops reading for
 `SLOW_CONSUMER_S` is cut (1008), its contexts cancelled on the workers. A disconnect cancels
 every open context at once.
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -112,6 +119,8 @@ class _Context:
     began: float = field(default_factory=time.perf_counter)
     began_unix: float = field(default_factory=time.time)
     first_audio_at: float | None = None
+    admitted_at: float | None = None  # key, window, voice and slot done: the worker start is sent next
+    gateway_ms: float | None = None  # the gateway's own share of the first audio (module docstring)
     outcome: str = "cancelled"  # until its done or error
 
     def admit(self, message: ClientMessage) -> Rejected | None:
@@ -223,6 +232,7 @@ class _Session:
                 raw = await self.ws.receive()
             except (WebSocketDisconnect, RuntimeError):
                 return
+            arrived = time.perf_counter()
             if raw["type"] == "websocket.disconnect":
                 return
             data = raw.get("text") if raw.get("text") is not None else raw.get("bytes")
@@ -231,11 +241,11 @@ class _Session:
             except BadMessage as exc:
                 await self._send(encode(Rejected("bad_request", exc.message, False, exc.context_id, exc.message_type)))
                 continue
-            await self._handle(message)
+            await self._handle(message, arrived)
 
     # -- messages ---------------------------------------------------------------------------------
 
-    async def _handle(self, message: ClientMessage) -> None:
+    async def _handle(self, message: ClientMessage, arrived: float) -> None:
         ctx = self.contexts.get(message.context_id)
         if isinstance(message, Start):
             if ctx is not None:
@@ -253,7 +263,7 @@ class _Session:
                                               message.context_id)))
                 return
             caller = parse(message.traceparent) if message.traceparent else None  # parse_client checked it
-            ctx = self.contexts[message.context_id] = _Context(message.context_id)
+            ctx = self.contexts[message.context_id] = _Context(message.context_id, began=arrived)
             if caller is not None:
                 ctx.trace = caller.child()
             ctx.admit(PushText(ctx.id, message.text))
@@ -296,6 +306,7 @@ class _Session:
                 await count_request(gateway, tenant)
                 voice_id, ctx.slot = await resolve_and_admit(gateway, tenant, start.voice)
                 ctx.voice = voice_id
+                ctx.admitted_at = time.perf_counter()
                 ctx.stream = await gateway.pool.start(voice_id, start.text, options=start.options,
                                                       traceparent=ctx.trace.traceparent)
             except ApiError as exc:
@@ -326,6 +337,8 @@ class _Session:
                 await self._relay_rejections(ctx)
                 ctx.pcm_bytes += len(pcm)
                 await self._send(AudioChunk(ctx.id, seq, pcm).encode())
+                if seq == 0:
+                    ctx.gateway_ms = _gateway_share_ms(ctx, stream.last_chunk_received_at)
                 seq += 1
         except WorkerRequestError as exc:
             await self._relay_rejections(ctx)
@@ -335,7 +348,7 @@ class _Session:
         done = stream.done
         if done is not None:
             ctx.outcome = done.reason
-            await self._send(encode(Done(ctx.id, done.stats, done.reason)))
+            await self._send(_done_message(ctx, done))
 
     async def _relay_rejections(self, ctx: _Context) -> None:
         """The worker's `rejected` of this context's messages (they had no effect), as the caller named it."""
@@ -386,6 +399,26 @@ class _Session:
 
     async def _refuse(self, message, why: str) -> None:
         await self._send(encode(Rejected("bad_request", why, False, message.context_id, message.type)))
+
+
+def _gateway_share_ms(ctx: _Context, received_from_worker: float | None) -> float | None:
+    """The gateway's own share of a context's first audio, once it was handed to the writer: admit
+    (the start's arrival -> the worker start) + relay (the first audio off the worker's link ->
+    handed to this socket's writer)."""
+    if ctx.admitted_at is None or received_from_worker is None:
+        return None
+    return ((ctx.admitted_at - ctx.began) + (time.perf_counter() - received_from_worker)) * 1000
+
+
+def _done_message(ctx: _Context, done: Done) -> str:
+    """The worker's `done` as the caller named the context, its stats with the gateway's own
+    `gateway_ms` (absent when no audio came)."""
+    message = encode(Done(ctx.id, done.stats, done.reason))
+    if ctx.gateway_ms is None:
+        return message
+    payload = json.loads(message)
+    payload["stats"]["gateway_ms"] = round(ctx.gateway_ms, 3)
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
 def _log_hop(ctx: _Context) -> None:

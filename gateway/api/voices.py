@@ -25,7 +25,8 @@ The parser runs in a thread, never on the event loop, and holds one file open at
 errors to OpenAI-shaped ones (`errors.py`).
 
 `POST /v1/voices/consent` (JSON {"name": ...}, at most CONSENT_BODY_BYTES) issues that phrase
-(`gateway.cloning.consent`); it counts against the tenant's requests_per_minute.
+(`gateway.cloning.consent`); it counts once against the tenant's requests_per_minute (the `caller`
+dependency counts every route's request; the route adds nothing).
 
 `lifecycle(gateway)` runs the clone watcher (`gateway.cloning.CloneWatcher`) for the app's lifetime.
 """
@@ -47,7 +48,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from gateway.api.auth import caller, count_request, gateway_of
+from gateway.api.auth import caller, gateway_of
 from gateway.api.edge import read_body
 from gateway.api.errors import ApiError, from_tenant_error
 from gateway.api.speech import TRACE_HEADER, request_trace
@@ -119,8 +120,7 @@ async def create_voice(request: Request, tenant: Annotated[Tenant, Depends(calle
 async def issue_consent(request: Request, tenant: Annotated[Tenant, Depends(caller)]) -> dict:
     """A one-time phrase for the spoken consent of voice `name`: record the speaker reading
     `text_to_read` and send it as `consent_audio` with `consent_id` before `expires_at`."""
-    gateway = gateway_of(request)
-    await count_request(gateway, tenant)
+    gateway = gateway_of(request)  # counted once against requests_per_minute, by `caller`, as every route is
     body = await read_body(request, CONSENT_BODY_BYTES, timeout_s=gateway.settings.body_timeout_s)
     try:
         name = json.loads(body).get("name")

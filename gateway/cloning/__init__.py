@@ -48,12 +48,14 @@ The package, one idea per module:
 | `errors.py` | the `CloneError` tree (code, param, HTTP status) |
 | `uploads.py` | upload folders on disk (`UploadArea`), removing a published adapter |
 | `checks.py` | the quick checks of an upload (name, consent, lora_training's ingest checks) |
-| `consent.py` | spoken consent's one-time phrases (`ConsentStore`: issued, checked, taken once) |
+| `consent.py` | spoken consent's one-time phrases (`ConsentStore`: issued, checked, taken once, given back on undo) |
+| `phrase_words.py` | the words phrases are drawn from (calibrated on the job's ASR) |
 | `decoding.py` | `DecodePool`: the bounded threads those checks decode on (per gateway, per tenant) |
 | `records.py` | the record of a clone in flight and the Redis index of them (`CloneIndex`) |
 | `views.py` | what the API shows of a voice (`VoiceView`, job state -> API state) |
-| `service.py` | `Cloning`: create, describe, list, delete, a report sample's audio (what the routes call) |
-| `watcher.py` | `CloneWatcher` and its `Prewarmer`: job done -> prewarmed on the owners -> ready |
+| `service.py` | `Cloning`: create, describe, list, delete (the job's records too), a report sample's audio (what the routes call) |
+| `watcher.py` | `CloneWatcher` and its `Prewarmer`: job done -> prewarmed on the owners -> ready; state kept only for clones in flight |
+| `retention.py` | the tenant's retention period over its voices' recordings (`Retention`) |
 """
 
 from __future__ import annotations

@@ -1,11 +1,15 @@
 """Spoken consent: one-time phrases a creator reads aloud, issued by `POST /v1/voices/consent`.
 
-A phrase is PHRASE_WORDS_PER_PHRASE random words from PHRASE_WORDS, bound to one tenant and one
-voice name, valid for CONSENT_PHRASE_TTL_S. The upload of that voice sends a recording of the
-creator reading `text_to_read` (`consent_audio`) with the phrase's `consent_id`; the gateway checks
+A phrase is PHRASE_WORDS_PER_PHRASE distinct random words from PHRASE_WORDS (gateway.cloning.
+phrase_words) and one two-digit number (PHRASE_NUMBERS) at a random place among them, bound to one
+tenant and one voice name, valid for CONSENT_PHRASE_TTL_S. The upload of that voice sends a
+recording of the creator reading `text_to_read` (`consent_audio`: the consent sentence, then the
+phrase; lora_training.consent.consent_text) with the phrase's `consent_id`; the gateway checks
 here only that the phrase was issued to this tenant for this voice, is not expired and not used,
-and takes it (one atomic script) just before the job is queued. Whether the recording says the
-phrase, in the uploads' voice, is the training job's check (lora_training.consent).
+and takes it for the upload's job (one atomic script) as the last step before the job is queued;
+an upload refused after that (the queue down: a retryable 503) gives it back (`give_back`), so
+the speaker's recording stays good for the retry. Whether the recording says the text, and
+nothing much besides, in the uploads' voice, is the training job's check (lora_training.consent).
 
 Each phrase is one Redis hash, `<tenant prefix>:consent:<tenant id>:<consent id>`, kept
 CONSENT_RECORD_KEEP_S past its expiry so a late upload hears "expired" or "used", not "unknown";
@@ -15,6 +19,7 @@ how many a tenant can hold.
 
 from __future__ import annotations
 
+import random
 import secrets
 import time
 from collections.abc import Callable
@@ -22,30 +27,30 @@ from dataclasses import dataclass
 from typing import Final
 
 from gateway.cloning.errors import BadUpload
+from gateway.cloning.phrase_words import PHRASE_WORDS
 from gateway.tenants import Tenant, redis_errors
+from lora_training.consent import consent_text
 
-__all__ = ["CONSENT_PHRASE_TTL_S", "CONSENT_RECORD_KEEP_S", "ConsentPhrase", "ConsentStore", "PHRASE_WORDS",
-           "PHRASE_WORDS_PER_PHRASE", "text_to_read"]
+__all__ = ["CONSENT_PHRASE_TTL_S", "CONSENT_RECORD_KEEP_S", "ConsentPhrase", "ConsentStore", "PHRASE_NUMBERS",
+           "PHRASE_WORDS", "PHRASE_WORDS_PER_PHRASE", "new_phrase", "text_to_read"]
 
 CONSENT_PHRASE_TTL_S: Final = 600.0  # a phrase is good for 10 minutes: read it and upload
 CONSENT_RECORD_KEEP_S: Final = 3600  # its record stays this long after it expired or was used
-PHRASE_WORDS_PER_PHRASE: Final = 5  # 35 words, 5 distinct in order: ~25 bits, for a phrase that lives 10 minutes
-# Short, common, distinct words that Whisper tiny.en hears right in espeak-ng speech (the male en-us
-# and the female en+f3 voice, read in the sentence `text_to_read` makes): of 60 candidates, these
-# were heard in all 4 readings, and then in all 6 more of a second round (purple and rabbit, missed
-# 3 times in 12 there, were dropped). docs/training.md, "Spoken consent", has the figures.
-PHRASE_WORDS: Final = (
-    "apple", "basket", "blanket", "camera", "candle", "carpet", "castle", "coffee", "dragon", "garden",
-    "guitar", "hammer", "island", "lemon", "magnet", "melon", "mirror", "monkey", "mountain", "music",
-    "orange", "paper", "pencil", "pocket", "rocket", "silver", "sugar", "summer", "table", "tiger",
-    "tomato", "turtle", "wallet", "winter", "yellow",
-)
-_TEXT: Final = "I consent to the training and use of a synthetic copy of my voice. My words are: {words}."
+PHRASE_WORDS_PER_PHRASE: Final = 6  # distinct words from PHRASE_WORDS, in a random order, and one number
+PHRASE_NUMBERS: Final = tuple(n for n in range(21, 100) if n % 10)  # two words each ("forty-seven"): 72
+
+
+def new_phrase(rng: random.Random | None = None) -> str:
+    """A fresh phrase: PHRASE_WORDS_PER_PHRASE words and a number among them, space-separated."""
+    rng = rng or secrets.SystemRandom()
+    items = rng.sample(PHRASE_WORDS, PHRASE_WORDS_PER_PHRASE)
+    items.insert(rng.randrange(len(items) + 1), str(rng.choice(PHRASE_NUMBERS)))
+    return " ".join(items)
 
 
 def text_to_read(phrase: str) -> str:
     """What the creator reads aloud: the consent sentence, then the phrase's words."""
-    return _TEXT.format(words=", ".join(phrase.split()))
+    return consent_text(phrase)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +73,23 @@ class ConsentPhrase:
                 "text_to_read": self.text_to_read, "expires_at": int(self.expires_at)}
 
 
-# KEYS: the phrase's hash. ARGV: voice name, now (unix s), "1" to take it. The states in order:
-# unknown (never issued to this tenant, or long gone), used, other voice, expired, ok.
+# KEYS: the phrase's hash. ARGV: voice name, now (unix s), the taking job's id ("": only check).
+# The states in order: unknown (never issued to this tenant, or long gone), used, other voice,
+# expired, ok.
 _CLAIM = """
 local f = redis.call('HMGET', KEYS[1], 'name', 'phrase', 'issued_at', 'expires_at', 'used_at')
 if not f[1] then return {'unknown'} end
 if f[5] then return {'used'} end
 if f[1] ~= ARGV[1] then return {'other_voice', f[1]} end
 if tonumber(f[4]) <= tonumber(ARGV[2]) then return {'expired'} end
-if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'used_at', ARGV[2]) end
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'used_at', ARGV[2], 'used_by', ARGV[3]) end
 return {'ok', f[2], f[3], f[4]}
+"""
+# KEYS: the phrase's hash. ARGV: the job id that took it. Only that upload's take is undone.
+_GIVE_BACK = """
+if redis.call('HGET', KEYS[1], 'used_by') ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], 'used_at', 'used_by')
+return 1
 """
 
 
@@ -91,14 +103,14 @@ class ConsentStore:
         self.ttl_s = ttl_s
         self._clock = clock
         self._claim = redis.register_script(_CLAIM)
+        self._give_back = redis.register_script(_GIVE_BACK)
 
     def key(self, tenant_id: str, consent_id: str) -> str:
         return f"{self._prefix}:{tenant_id}:{consent_id}"
 
     def issue(self, tenant: Tenant, name: str) -> ConsentPhrase:
         """A fresh phrase for the tenant's voice `name` (checked by the caller)."""
-        rng = secrets.SystemRandom()
-        words = " ".join(rng.sample(PHRASE_WORDS, PHRASE_WORDS_PER_PHRASE))
+        words = new_phrase()
         now = self._clock()
         phrase = ConsentPhrase(f"consent_{secrets.token_hex(12)}", tenant.id, name, words, now, now + self.ttl_s)
         key = self.key(tenant.id, phrase.consent_id)
@@ -112,18 +124,26 @@ class ConsentStore:
 
     def check(self, tenant: Tenant, consent_id: str, name: str) -> ConsentPhrase:
         """The phrase `consent_id` if an upload of voice `name` may use it now; BadUpload saying why not."""
-        return self._claimed(tenant, consent_id, name, take=False)
+        return self._claimed(tenant, consent_id, name, job_id="")
 
-    def take(self, tenant: Tenant, consent_id: str, name: str) -> ConsentPhrase:
-        """`check`, and mark it used in the same atomic step: of two uploads racing with one phrase, one wins."""
-        return self._claimed(tenant, consent_id, name, take=True)
+    def take(self, tenant: Tenant, consent_id: str, name: str, job_id: str) -> ConsentPhrase:
+        """`check`, and mark it used by `job_id` in the same atomic step: of two uploads racing with one
+        phrase, one wins."""
+        if not job_id:
+            raise ValueError("a phrase is taken by a job id")
+        return self._claimed(tenant, consent_id, name, job_id=job_id)
 
-    def _claimed(self, tenant: Tenant, consent_id: str, name: str, *, take: bool) -> ConsentPhrase:
+    def give_back(self, tenant: Tenant, consent_id: str, job_id: str) -> bool:
+        """Undo `job_id`'s take (its upload was refused after it: the queue was down, say), so the
+        speaker's recording stays good for a retry; True if it was that job's to give back."""
+        with redis_errors():
+            return bool(self._give_back(keys=[self.key(tenant.id, consent_id)], args=[job_id]))
+
+    def _claimed(self, tenant: Tenant, consent_id: str, name: str, *, job_id: str) -> ConsentPhrase:
         if not consent_id.startswith("consent_") or not consent_id[8:].isalnum() or len(consent_id) > 64:
             raise _unknown()
         with redis_errors():
-            reply = self._claim(keys=[self.key(tenant.id, consent_id)],
-                                args=[name, repr(self._clock()), "1" if take else "0"])
+            reply = self._claim(keys=[self.key(tenant.id, consent_id)], args=[name, repr(self._clock()), job_id])
         outcome = reply[0]
         if outcome == "ok":
             return ConsentPhrase(consent_id, tenant.id, name, reply[1], float(reply[2]), float(reply[3]))

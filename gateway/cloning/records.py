@@ -7,11 +7,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gateway.tenants import redis_errors
 
-__all__ = ["BadRecord", "CloneIndex", "CloneRecord"]
+if TYPE_CHECKING:
+    from lora_training.jobs import JobStatus
+
+__all__ = ["BadRecord", "CloneIndex", "CloneRecord", "training_minutes"]
 
 log = logging.getLogger(__name__)
 
@@ -116,3 +122,14 @@ class CloneIndex:
         """Remove the record; True for the one caller that removed it."""
         with redis_errors():
             return bool(self._redis.hdel(self.key, job_id))
+
+
+def training_minutes(record: CloneRecord, status: JobStatus | None) -> float:
+    """Wall-clock minutes a job ran on trainers: from when it was first seen running (else its
+    submission) to its last update; nothing for a job no trainer ever took."""
+    if status is None or status.attempts == 0:
+        return 0.0
+    started = record.started_at or status.created_at or record.submitted_at
+    ended = status.updated_at or time.time()
+    minutes = max(0.0, ended - started) / 60.0
+    return minutes if math.isfinite(minutes) else 0.0

@@ -17,12 +17,13 @@ from gateway.cloning.checks import (check_consent, check_consent_audio, check_na
                                     check_uploads)
 from gateway.cloning.consent import ConsentPhrase, ConsentStore
 from gateway.cloning.errors import BadUpload, CloneUnavailable, NotDeletable, SampleNotFound
-from gateway.cloning.records import CloneIndex, CloneRecord
+from gateway.cloning.records import CloneIndex, CloneRecord, training_minutes
 from gateway.cloning.uploads import Upload, UploadArea, remove_adapter
 from gateway.cloning.views import VoiceView, base_view, clone_view, report_sample_files, voice_published
-from gateway.tenants import Tenant, TenantVoice, VoiceNotFound
+from gateway.tenants import Tenant, TenantError, TenantVoice, VoiceNotFound
 from hashring.errors import RingError
-from lora_training.errors import InfrastructureError
+from lora_training.errors import InfrastructureError, TrainingError
+from lora_training.jobs import JobStatus
 from lora_training.pipeline import JobSpec
 from lora_training.quality.checks import record as checks_record
 
@@ -66,7 +67,7 @@ class Cloning:
     async def _consent(self, tenant: Tenant, upload: Upload, name: str) -> tuple[str, str | None]:
         """What the voice record keeps as its consent, and the spoken phrase's id (None: a typed
         statement). Spoken: the phrase must be this tenant's, for this voice, unexpired and unused
-        (checked here, taken just before the job is queued)."""
+        (checked here; taken as the last step before the job is queued, and given back if that fails)."""
         if tenant.policy.consent != "spoken":
             if upload.consent_audio is not None or upload.consent_id is not None:
                 raise BadUpload("your account's consent policy is statement: send the typed 'consent' field, not "
@@ -82,8 +83,9 @@ class Cloning:
         name and consent; the voice registered (its name free and within max_voices, one atomic step);
         a free training slot (max_training_jobs, checked); only then the files decoded, on the
         gateway's bounded DecodePool; then the slot taken (atomically: a racing upload that took the
-        last one meanwhile is refused here) and the job queued. On any error the upload and every
-        step before it are undone."""
+        last one meanwhile is refused here), the files kept, the consent phrase taken and the job
+        queued. On any error the upload and every step before it are undone (a taken phrase given
+        back)."""
         gw = self.gateway
         job_id = f"clone-{secrets.token_hex(6)}"
         undo: list[Callable[[], Awaitable[object]]] = []
@@ -101,11 +103,18 @@ class Cloning:
             # taken only now: a gateway that dies while the files decode leaves no slot held
             await gw.quotas.acquire_training_slot(tenant, job_id)
             undo.append(lambda: gw.quotas.release_training_slot(tenant, job_id))
-            phrase = None
-            if consent_id is not None:  # taken now: an upload refused before this keeps its phrase
-                phrase = await asyncio.to_thread(self.consents.take, tenant, consent_id, name)
             kept = await asyncio.to_thread(self.uploads.keep, upload, tenant.id, name, job_id)
             undo.append(lambda: asyncio.to_thread(shutil.rmtree, kept.folder, True))
+            # an adapter left at this voice id by a voice deleted mid-publish would fail the job: it is an orphan
+            await asyncio.to_thread(remove_adapter, self.settings.voices_dir, voice.voice_id)
+            record = CloneRecord(job_id, tenant.id, name, voice.voice_id, time.time())
+            await self._queue(self.index.put, record)
+            undo.append(lambda: asyncio.to_thread(self.index.drop, job_id))
+            phrase = None
+            if consent_id is not None:  # taken last, and given back if the queue then refuses the job (a 503 to
+                # retry must not turn into consent_used): of two uploads racing with one phrase, one gets here
+                phrase = await asyncio.to_thread(self.consents.take, tenant, consent_id, name, job_id)
+                undo.append(lambda: asyncio.to_thread(self.consents.give_back, tenant, consent_id, job_id))
             spec = JobSpec(job_id=job_id, name=name, tenant=tenant.id, audio=kept.audio,
                            transcripts=kept.transcripts, data=data, params=self.settings.clone_params,
                            upload_checks=checked.to_dicts(), report_gate=tenant.policy.report_gate,
@@ -113,11 +122,6 @@ class Cloning:
                            consent_audio=kept.consent_audio, consent_phrase=phrase.phrase if phrase else None)
             if spec.voice_id != voice.voice_id:  # the trainer publishes spec.voice_id; workers are asked for this one
                 raise RuntimeError(f"job voice id {spec.voice_id!r} != tenant voice id {voice.voice_id!r}")
-            # an adapter left at this voice id by a voice deleted mid-publish would fail the job: it is an orphan
-            await asyncio.to_thread(remove_adapter, self.settings.voices_dir, voice.voice_id)
-            record = CloneRecord(job_id, tenant.id, name, voice.voice_id, time.time())
-            await self._queue(self.index.put, record)
-            undo.append(lambda: asyncio.to_thread(self.index.drop, job_id))
             status = await self._queue(gw.jobs.submit, spec)
         except BaseException:
             await asyncio.to_thread(self.uploads.discard, upload)
@@ -210,15 +214,52 @@ class Cloning:
             await asyncio.to_thread(self.uploads.remove_job, tenant.id, name, voice.job_id)
         log.info("voice %s of tenant %s deleted (job %s)", name, tenant.id, voice.job_id)
 
+    async def finish(self, tenant: Tenant, record: CloneRecord, status: JobStatus | None) -> bool:
+        """A clone's last step, once, by a delete or any gateway's watcher: its training slot freed and
+        its record dropped (one HDEL: of several callers one wins), and by that one its training
+        minutes metered and, a deleted voice's, its job's records deleted (metered from them
+        first). True for the caller that finished it."""
+        gw = self.gateway
+        await gw.quotas.release_training_slot(tenant, record.job_id)
+        if not await asyncio.to_thread(self.index.drop, record.job_id):
+            return False  # finished by another caller
+        minutes = training_minutes(record, status)
+        if minutes > 0:
+            gw.metrics.training_minutes.labels(tenant.name).inc(minutes)
+            try:
+                await gw.meter.add_usage(tenant, training_minutes=minutes)
+            except TenantError as exc:
+                log.warning("training minutes of tenant %s not recorded (%.2f min of job %s): %s", tenant.id,
+                            minutes, record.job_id, exc.message)
+        if record.deleted:
+            await self.forget_job(record.job_id)
+        return True
+
+    async def forget_job(self, job_id: str) -> None:
+        """Delete a deleted voice's job records (its spec names the files and holds the consent
+        phrase). Best effort: a job left (Redis away, or not final yet) goes with the trainers'
+        trim of final jobs (`job_record_keep_s`)."""
+        try:
+            gone = await asyncio.to_thread(self.gateway.jobs.delete, job_id)
+        except TrainingError as exc:
+            log.warning("job %s of a deleted voice not deleted now (%s): the trainers' trim deletes it", job_id,
+                        exc.message)
+            return
+        if not gone:
+            log.warning("job %s of a deleted voice is not final: its records stay until the trainers' trim", job_id)
+
     async def _stop_job(self, tenant: Tenant, voice: TenantVoice) -> None:
-        """Cancel the deleted voice's job and mark its clone record deleted; free its training slot
-        now only if the job has stopped (or never was and never will be), else the watcher frees it
-        when the job ends."""
+        """Cancel the deleted voice's job and mark its clone record deleted. A job that has stopped (or
+        never was and never will be) is finished here: its training slot freed, its minutes metered
+        and its records deleted (`finish`); a running one keeps its slot and records until the
+        clone watcher sees it end (so delete + upload again cannot run more than
+        max_training_jobs at once, and its minutes are metered)."""
         gw, job_id = self.gateway, voice.job_id
         assert job_id is not None
         record = await asyncio.to_thread(self.index.get, job_id)
         if record is not None and not record.deleted:
-            await asyncio.to_thread(self.index.update, dataclasses.replace(record, deleted=True))
+            record = dataclasses.replace(record, deleted=True)
+            await asyncio.to_thread(self.index.update, record)
         status = await self._queue(gw.jobs.status, job_id)
         if status is not None and not status.terminal:
             status = await self._queue(gw.jobs.cancel, job_id)  # a queued job nobody holds ends right here
@@ -229,7 +270,11 @@ class Cloning:
             return
         if status is None and record is not None:
             return  # not submitted yet (an upload racing this delete): the watcher ends it
+        if record is not None:
+            await self.finish(tenant, record, status)
+            return
         await gw.quotas.release_training_slot(tenant, job_id)
+        await self.forget_job(job_id)
 
     async def _reset_placement(self, voice_id: str) -> None:
         """Forget the voice's replica counts in the ring (operator floor and automatic count)."""

@@ -8,7 +8,12 @@ adapter, else `failed` (`cancelled` for a deleted voice); a voice still warming
 `clone_warming_deadline_s` after its job was ready is made `ready` anyway when its adapter is
 published and passes the serving checks (workers load a voice on its first request; prewarming
 only saves that request the load), else failed. A deleted voice's job keeps its training slot
-until the job has stopped; then its adapter and uploads go and the slot is freed.
+until the job has stopped; then its adapter and uploads go, the slot is freed, and once the job
+is metered its records in the queue are deleted (`Cloning.forget_job`).
+
+What one process keeps between rounds (each prewarm's operations and failure count, the last
+warming detail logged) is kept only for the clones in flight: each round forgets the voices
+that left the clones hash, whichever gateway settled them.
 
 And it applies each tenant's retention period to its voices' recordings (`Retention`): as a voice
 settles, and in one sweep every `retention_sweep_s`."""
@@ -25,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from gateway.cloning.records import CloneRecord
+from gateway.cloning.records import CloneRecord, training_minutes
 from gateway.cloning.retention import RETENTION_SWEEP_S, Retention
 from gateway.cloning.service import Cloning
 from gateway.cloning.uploads import published_adapter, remove_adapter
@@ -103,6 +108,17 @@ class Prewarmer:
         self._ops.pop(voice_id, None)
         self._failures.pop(voice_id, None)
 
+    def retain(self, voice_ids: set[str]) -> None:
+        """Forget every voice but these (the clones in flight): the watcher calls it each round, so
+        what it keeps is bounded by the clones in flight, whichever gateway settles them."""
+        for voice_id in [v for v in (*self._ops, *self._failures) if v not in voice_ids]:
+            self.forget(voice_id)
+
+    @property
+    def voices(self) -> frozenset[str]:
+        """The voices it keeps operations or failure counts for."""
+        return frozenset(self._ops) | frozenset(self._failures)
+
     async def _owner(self, voice_id: str, info: WorkerInfo,
                      ops: dict[str, str]) -> tuple[Literal["ready", "pending", "failed"], str]:
         """Where one owner is with the voice, and why it is not ready yet."""
@@ -176,6 +192,12 @@ class CloneWatcher:
             await self._client.aclose()
 
     @property
+    def held_voices(self) -> frozenset[str]:
+        """The voices this process keeps prewarm state or a warming detail for."""
+        held = frozenset(self._warm_detail)
+        return held | self._prewarmer.voices if self._prewarmer is not None else held
+
+    @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
@@ -196,6 +218,7 @@ class CloneWatcher:
             log.warning("clone watcher: cannot read the clones in flight (%s); retrying", exc.message)
             self.rounds += 1
             return
+        self._forget_settled({record.voice_id for record in records})
         for record in records:
             try:
                 await self.advance(record)
@@ -206,6 +229,14 @@ class CloneWatcher:
                 log.exception("clone watcher: voice %s (job %s) failed unexpectedly", record.voice_id, record.job_id)
         await self._sweep_retention()
         self.rounds += 1
+
+    def _forget_settled(self, in_flight: set[str]) -> None:
+        """Drop what this process keeps about voices no longer in flight: another gateway settled or
+        dropped them (or this one did and a round stopped midway), so nothing here ever would."""
+        for voice_id in [v for v in self._warm_detail if v not in in_flight]:
+            del self._warm_detail[voice_id]
+        if self._prewarmer is not None:
+            self._prewarmer.retain(in_flight)
 
     async def _sweep_retention(self) -> None:
         """Every retention_sweep_s: delete the recordings whose tenant's retention period has passed."""
@@ -356,34 +387,13 @@ class CloneWatcher:
         try:
             tenant = await gw.tenants.get(record.tenant_id)
         except TenantNotFound:
-            await asyncio.to_thread(self.cloning.index.drop, record.job_id)
+            if await asyncio.to_thread(self.cloning.index.drop, record.job_id):
+                await self.cloning.forget_job(record.job_id)
             return
         await self._finish(tenant, record, status)
 
     async def _finish(self, tenant: Tenant, record: CloneRecord, status: JobStatus | None) -> None:
-        gw = self.gateway
-        await gw.quotas.release_training_slot(tenant, record.job_id)
-        if not await asyncio.to_thread(self.cloning.index.drop, record.job_id):
-            return  # another gateway finished it first
-        minutes = training_minutes(record, status)
-        if minutes > 0:
-            gw.metrics.training_minutes.labels(tenant.name).inc(minutes)
-            try:
-                await gw.meter.add_usage(tenant, training_minutes=minutes)
-            except TenantError as exc:
-                log.warning("training minutes of tenant %s not recorded (%.2f min of job %s): %s", tenant.id,
-                            minutes, record.job_id, exc.message)
-
-
-def training_minutes(record: CloneRecord, status: JobStatus | None) -> float:
-    """Wall-clock minutes a job ran on trainers: from when it was first seen running (else its
-    submission) to its last update; nothing for a job no trainer ever took."""
-    if status is None or status.attempts == 0:
-        return 0.0
-    started = record.started_at or status.created_at or record.submitted_at
-    ended = status.updated_at or time.time()
-    minutes = max(0.0, ended - started) / 60.0
-    return minutes if math.isfinite(minutes) else 0.0
+        await self.cloning.finish(tenant, record, status)
 
 
 def _report_death(task: asyncio.Task) -> None:

@@ -18,6 +18,7 @@ group, written, acked), on the gateway's own queue."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -43,6 +44,7 @@ WARMING_DEADLINE_S = 3.0
 TRAINER_LEASE_MS = 15_000  # the trainer's heartbeat looks for a cancel every 5 s
 STOP_BOUND_S = 60.0  # a cancelled job has stopped this long after its trainer could see the cancel
 SETTLE_S = 30.0  # generous: the watcher polls every 0.5 s
+NO_RECORDS = {"hash": False, "index": False, "stream": False}
 PARAMS = {"rank": 8, "alpha": 16, "max_steps": 4, "save_steps": 4, "batch_size": 1, "grad_accum": 1,
           "logging_steps": 1, "eval_max_clips": 2}
 
@@ -98,6 +100,16 @@ class Clones:
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
         meta_path.write_text(json.dumps({**meta, "voice": voice_id, "job_id": job_id}))
         return target
+
+    def log(self) -> str:
+        return self.process.log_path.read_text(errors="replace")
+
+    def job_records(self, job_id: str) -> dict:
+        """What the queue holds for a job: its hash, its index entry, its stream entry."""
+        redis = self.queue.redis
+        return {"hash": redis.exists(self.queue.job_key(job_id)) == 1,
+                "index": redis.zscore(self.queue.index, job_id) is not None,
+                "stream": any(f.get("job_id") == job_id for _, f in redis.xrange(self.queue.stream))}
 
     async def aclose(self) -> None:
         self.process.stop()
@@ -249,7 +261,6 @@ async def test_a_deleted_voice_whose_job_stopped_without_an_outcome_loses_its_la
     clones.queue.release(job, "hand-trainer:1")
 
     wait_for(lambda: not adapter.exists(), SETTLE_S, "the late adapter to be removed", clones.process.log_tail)
-    assert clones.queue.status(job).state == "cancelled"
 
     async def done() -> bool:
         return not await clones.quotas.training_jobs(tenant) and not await clones.redis.hlen(clones.clones_key)
@@ -259,6 +270,87 @@ async def test_a_deleted_voice_whose_job_stopped_without_an_outcome_loses_its_la
         assert time.monotonic() < deadline, "the slot or the clone record was left"
         time.sleep(0.1)
     assert not (clones.uploads / tenant.id).exists()
+    assert f"job {job} had stopped in state publishing without an outcome; ended as cancelled" in clones.log()
+    wait_for(lambda: clones.job_records(job) == NO_RECORDS, SETTLE_S, "the job's records to go with its voice")
+
+
+async def test_a_settled_voice_s_job_records_go_with_its_delete(clones, upload):
+    """The job's hash holds its spec (the uploads' file names, a spoken consent's phrase): it must not
+    outlive the voice (issue 34, item 7). Redis runs without eviction: nothing else would remove it."""
+    tenant, api = await clones.tenant()
+    job = accepted(post(api, "settled", upload))
+    delivery = clones.deliver(job)
+    assert clones.queue.acquire(job, "hand-trainer:2", 60_000)
+    clones.queue.finish(delivery, "hand-trainer:2", state="failed", error_code="bad_audio", error="take.wav: noise")
+    clones.queue.release(job, "hand-trainer:2")
+    wait_for(lambda: api.get("/v1/voices/settled").json()["state"] == "failed", SETTLE_S, "the clone to settle",
+             clones.process.log_tail)
+    deadline = time.monotonic() + SETTLE_S
+    while await clones.redis.hlen(clones.clones_key):  # settled and dropped: no watcher will see it again
+        assert time.monotonic() < deadline, "the watcher did not drop the settled clone's record"
+        time.sleep(0.1)
+    assert clones.job_records(job) == {"hash": True, "index": True, "stream": True}  # the failed voice shows it
+
+    assert api.delete("/v1/voices/settled").status_code == 200
+    assert clones.job_records(job) == NO_RECORDS  # at once, with the voice
+    assert clones.queue.spec(job) is None and not (clones.uploads / tenant.id).exists()
+
+
+# -- what a watcher keeps of a clone another gateway settles --------------------------------------
+
+
+async def test_a_clone_settled_by_another_gateway_leaves_no_prewarm_state_in_this_one(worker, redis_server, tmp_path):
+    """Two gateway processes' parts (in this process, on the session Redis and worker): A prewarms a
+    published clone on the session worker, which cannot load it (no adapter), so A counts a failure
+    and keeps warming; B's warming deadline passes first, B settles the clone and drops its record.
+    A's next round must forget the voice (issue 34, item 14): its operations, failure count and
+    warming detail were kept forever."""
+    from gateway.api.state import open_gateway
+    from gateway.cloning.records import CloneIndex, CloneRecord
+    from gateway.cloning.watcher import CloneWatcher
+    from gateway.settings import GatewaySettings
+    from lora_training.pipeline import JobSpec
+
+    tenant_prefix, train_prefix = f"test:prewarm:{uuid.uuid4().hex[:8]}", f"test-prewarm-{uuid.uuid4().hex[:8]}"
+
+    def settings(name: str, deadline_s: float) -> GatewaySettings:
+        return GatewaySettings(redis_url=redis_server.url, tenant_prefix=tenant_prefix, train_prefix=train_prefix,
+                               workers=(worker.url,), uploads_dir=tmp_path / name / "uploads",
+                               voices_dir=tmp_path / "voices", clone_warming_deadline_s=deadline_s, metrics_port=None)
+
+    async with open_gateway(settings("a", 3600.0)) as a:
+        tenant, _ = await a.tenants.create(f"t{uuid.uuid4().hex[:12]}", policy=TenantPolicy(consent="statement"))
+        spec = JobSpec(name="elsewhere", tenant=tenant.id, audio=[tmp_path / "take.wav"])
+        await a.tenants.register_voice(tenant, "elsewhere", consent=CONSENT, job_id=spec.job_id, state="training")
+        a.jobs.submit(spec)
+        a.jobs.redis.hset(a.jobs.job_key(spec.job_id), mapping={"state": "ready", "attempts": 1})  # published
+        index = CloneIndex(a.jobs.redis, f"{tenant_prefix}:clones")
+        index.put(CloneRecord(spec.job_id, tenant.id, "elsewhere", spec.voice_id, time.time()))
+
+        async with CloneWatcher(a, poll_s=3600.0) as watcher_a:  # its first round runs now; more by hand
+            deadline = time.monotonic() + SETTLE_S
+            while watcher_a.rounds < 1:
+                assert time.monotonic() < deadline, "A's first round did not end"
+                await asyncio.sleep(0.05)
+            while spec.voice_id not in watcher_a._prewarmer._failures:
+                assert time.monotonic() < deadline, (f"A never counted the worker's failure to load the voice: "
+                                                     f"{watcher_a._prewarmer._ops} {watcher_a._warm_detail}")
+                await asyncio.sleep(0.2)
+                await watcher_a.tick()
+            assert (await a.tenants.voice(tenant, "elsewhere")).state == "warming"
+            assert watcher_a.held_voices == {spec.voice_id} and spec.voice_id in watcher_a._warm_detail
+
+            async with open_gateway(settings("b", 0.1)) as b, CloneWatcher(b, poll_s=0.1):
+                deadline = time.monotonic() + SETTLE_S
+                while index.get(spec.job_id) is not None:
+                    assert time.monotonic() < deadline, "B did not settle the clone past its warming deadline"
+                    await asyncio.sleep(0.1)
+            assert (await a.tenants.voice(tenant, "elsewhere")).state == "failed"
+
+            await watcher_a.tick()
+            assert watcher_a.held_voices == frozenset()
+            assert not watcher_a._prewarmer._ops and not watcher_a._prewarmer._failures
+            assert not watcher_a._warm_detail
 
 
 # -- what a tenant is told, and what the watcher lives through -------------------------------------
@@ -323,7 +415,6 @@ async def test_a_delete_racing_an_upload_of_the_same_name_leaves_no_upload_folde
     await clones.tenants.delete_voice(tenant, "race")
     wait_for(lambda: not (clones.uploads / tenant.id).exists(), SETTLE_S, "the orphaned upload folder to go",
              clones.process.log_tail)
-    assert clones.queue.status(job).state == "cancelled"
 
     async def done() -> bool:
         return not await clones.quotas.training_jobs(tenant) and not await clones.redis.hlen(clones.clones_key)
@@ -332,6 +423,7 @@ async def test_a_delete_racing_an_upload_of_the_same_name_leaves_no_upload_folde
     while not await done():
         assert time.monotonic() < deadline, "the slot or the clone record was left"
         time.sleep(0.1)
+    wait_for(lambda: clones.job_records(job) == NO_RECORDS, SETTLE_S, "the cancelled job's records to go")
 
     # and the other order: a DELETE of the old voice never removes the files of the new one's job
     old = accepted(post(api, "again", upload))

@@ -2,7 +2,9 @@
 issues a one-time phrase bound to the tenant and the voice name; `POST /v1/voices` of a tenant whose
 policy is spoken needs `consent_audio` and `consent_id`, refuses an unknown, expired, used or
 other voice's phrase with a 400 saying what to do, and keeps the recording with the voice's uploads
-until the voice is deleted. A tenant of the statement policy still sends the typed text.
+until the voice is deleted. A tenant of the statement policy still sends the typed text. A
+recording of the public word list is refused (too long to be a consent reading), and a phrase an
+upload took is given back when the queue then refuses the job (issue 34, items 3 and 10).
 
 No trainer consumes the session gateway's queue here: whether the recording says the phrase in the
 uploads' voice is the job's check (tests/lora_training/test_consent.py)."""
@@ -10,7 +12,9 @@ uploads' voice is the job's check (tests/lora_training/test_consent.py)."""
 from __future__ import annotations
 
 import io
+import json
 import time
+import uuid
 
 import httpx
 import numpy as np
@@ -18,11 +22,11 @@ import pytest
 import redis
 import soundfile as sf
 
-from gateway.cloning.consent import (CONSENT_PHRASE_TTL_S, CONSENT_RECORD_KEEP_S, PHRASE_WORDS,
+from gateway.cloning.consent import (CONSENT_PHRASE_TTL_S, CONSENT_RECORD_KEEP_S, PHRASE_NUMBERS, PHRASE_WORDS,
                                      PHRASE_WORDS_PER_PHRASE, ConsentStore, text_to_read)
 from lora_training.consent import MAX_CONSENT_AUDIO_S
 from lora_training.espeak import HARVARD_SENTENCES, synthesize
-from tests.fixtures.gateway import GATEWAY_TENANT_PREFIX
+from tests.fixtures.gateway import GATEWAY_TENANT_PREFIX, start_gateway
 from tests.fixtures.speech import SAMPLE_RATE
 
 CONSENT = "I, the speaker in these recordings, agree that this account may train and serve a clone of my voice."
@@ -85,8 +89,10 @@ async def test_a_phrase_is_issued_for_the_tenant_and_voice_with_a_short_expiry(g
     response = ask_phrase(gateway, key, "nova")
     assert response.status_code == 200, response.text
     body = response.json()
-    words = body["phrase"].split()
+    items = body["phrase"].split()
+    words, numbers = [i for i in items if not i.isdigit()], [int(i) for i in items if i.isdigit()]
     assert len(words) == len(set(words)) == PHRASE_WORDS_PER_PHRASE and set(words) <= set(PHRASE_WORDS)
+    assert len(numbers) == 1 and numbers[0] in PHRASE_NUMBERS
     assert body["text_to_read"].startswith("I consent to ") and body["text_to_read"] == text_to_read(body["phrase"])
     assert before + CONSENT_PHRASE_TTL_S - 5 <= body["expires_at"] <= time.time() + CONSENT_PHRASE_TTL_S + 1
     key_name = f"{GATEWAY_TENANT_PREFIX}:consent:{tenant.id}:{body['consent_id']}"
@@ -186,3 +192,59 @@ async def test_a_statement_tenant_still_sends_the_typed_text(gateway, new_tenant
     created = upload(gateway, key, "nova", takes, consent=CONSENT)
     assert created.status_code == 202, created.text
     assert httpx.delete(f"{gateway.url}/v1/voices/nova", headers=auth(key), timeout=30).status_code == 200
+
+
+async def test_a_phrase_taken_by_an_upload_the_queue_refused_is_given_back_for_the_retry(
+        redis_server, new_tenant, takes, tmp_path, store):
+    """Issue 34, item 10: the phrase was taken before the job was queued, so a retryable 503 (the
+    queue refusing) turned into `400 consent_used` on the retry, and the speaker had to record
+    again. A gateway of this test's own (its own training queue, no worker needed) whose queue's
+    stream key is made unwritable (another type: every XGROUP/XADD on it fails) between the phrase
+    and the upload."""
+    train_prefix = f"test-consent-queue-{uuid.uuid4().hex[:8]}"
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    gw = start_gateway(redis_server.url, voices, tmp_path / "gateway",
+                       env={"VOICERING_GATEWAY_TRAIN_PREFIX": train_prefix,
+                            "VOICERING_GATEWAY_WORKERS": json.dumps(["ws://127.0.0.1:9"])})
+    try:
+        tenant, key = await new_tenant(consent="spoken")
+        phrase = ask_phrase(gw, key, "nova").json()
+        audio = reading(tmp_path, phrase["phrase"])
+        record = f"{GATEWAY_TENANT_PREFIX}:consent:{tenant.id}:{phrase['consent_id']}"
+        store.set(f"{train_prefix}:stream", "not a stream")  # the queue refuses every job
+        refused = error_of(upload(gw, key, "nova", takes, consent_audio=audio, consent_id=phrase["consent_id"]), 503)
+        assert refused["code"] == "training_queue_unavailable", refused
+        assert store.hget(record, "used_at") is None and store.hget(record, "used_by") is None  # given back
+        assert kept_files(gw, tenant) == []
+        assert httpx.get(f"{gw.url}/v1/voices/nova", headers=auth(key), timeout=30).status_code == 404
+
+        store.delete(f"{train_prefix}:stream")  # the queue is back: the same recording and phrase go through
+        created = upload(gw, key, "nova", takes, consent_audio=audio, consent_id=phrase["consent_id"])
+        assert created.status_code == 202, created.text
+        assert store.hget(record, "used_by") == created.json()["job_id"]
+        again = error_of(upload(gw, key, "nova", takes, consent_audio=audio, consent_id=phrase["consent_id"]), 400)
+        assert again["code"] == "consent_used"  # still one accepted upload per phrase
+        assert httpx.delete(f"{gw.url}/v1/voices/nova", headers=auth(key), timeout=30).status_code == 200
+    finally:
+        gw.stop()
+
+
+async def test_the_public_word_list_read_twice_is_refused_as_a_consent_for_a_fresh_phrase(
+        gateway, new_tenant, takes, tmp_path, store):
+    """Issue 34, item 3, the replay: one recording of the speaker reading the public word list twice
+    used to consent to almost any later phrase (1,989 of 2,000 with 35 words). The list is now
+    sized so that reading it takes several times the longest consent recording, and the gateway
+    refuses such a recording before anything is kept; what the job's rule makes of its words is
+    tests/lora_training/test_consent.py's (refused there too, for every fresh phrase)."""
+    tenant, key = await new_tenant(consent="spoken")
+    list_twice = synthesize(", ".join(PHRASE_WORDS + PHRASE_WORDS) + ".", VOICE, tmp_path / "list-twice.wav")
+    seconds = sf.info(str(list_twice)).duration
+    assert seconds > 4 * MAX_CONSENT_AUDIO_S, seconds
+    phrase = ask_phrase(gateway, key, "nova").json()  # fresh: issued after the recording was made
+    refused = error_of(upload(gateway, key, "nova", takes, consent_audio=list_twice.read_bytes(),
+                              consent_id=phrase["consent_id"]), 400)
+    assert (refused["code"], refused["param"]) == ("consent_audio_too_long", "consent_audio"), refused
+    assert kept_files(gateway, tenant) == []
+    assert store.hget(f"{GATEWAY_TENANT_PREFIX}:consent:{tenant.id}:{phrase['consent_id']}", "used_at") is None
+    assert httpx.get(f"{gateway.url}/v1/voices/nova", headers=auth(key), timeout=30).status_code == 404

@@ -5,17 +5,22 @@
   gateway's memory stays flat and another tenant's stream completes whole;
 - connections that never finish their request head are closed by the server (both of uvicorn's
   HTTP parsers), and a normal request meanwhile is answered;
+- a head over `max_head_bytes` or `max_headers` is answered 431 before it is buffered (both
+  parsers), the gateway's memory flat under 100 connections each sending an endless header line,
+  and websocket upgrades meanwhile work;
 - `/metrics` is not on the public port.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 
 import httpx
 import pytest
+from websockets.asyncio.client import connect
 
 from gateway.api.speech import body_limit
 from gateway.settings import GatewaySettings
@@ -199,6 +204,70 @@ async def test_a_kept_alive_connection_is_closed_when_its_next_head_stalls(slow_
         began = time.monotonic()
         assert sock.recv(65536) == b""  # closed by the server (keep-alive or head deadline)
         assert time.monotonic() - began < HEADER_TIMEOUT_S + 20
+
+
+# -- head bounds (issue 34 item 2) ---------------------------------------------------------------------
+
+
+def head_of(*fields: bytes) -> bytes:
+    return b"GET /health HTTP/1.1\r\nHost: gw\r\n" + b"".join(f + b"\r\n" for f in fields) + b"\r\n"
+
+
+async def hold_an_unfinished_header_line(url: str, size: int) -> tuple[int, bytes]:
+    """Send a request line and `size` bytes of one header line that never ends, and hold the
+    connection: (bytes the server took before it answered or closed, its answer)."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    sent, block = 0, b"a" * (64 * 1024)
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\nHost: gw\r\nX-Filler: ")
+        while sent < size:
+            writer.write(block)
+            await writer.drain()
+            sent += len(block)
+        return sent, await asyncio.wait_for(reader.read(), HEADER_TIMEOUT_S + 20)
+    except OSError:  # the server answered and closed while this side was still writing
+        try:
+            return sent, await asyncio.wait_for(reader.read(), 5)
+        except (OSError, TimeoutError):
+            return sent, b""
+    finally:
+        writer.close()
+
+
+async def test_heads_over_their_bounds_are_431_and_the_gateway_s_memory_stays_flat(slow_head_gateway, new_tenant,
+                                                                                  request):
+    """2,000 headers, one 1 MiB header, and 100 connections each holding an unfinished 4 MiB
+    header line (the attack of issue 34: 128 -> 539 MB before); websockets upgrade meanwhile."""
+    gateway = slow_head_gateway
+    _, key = await new_tenant()
+    settings = GatewaySettings()
+    for head in (head_of(*(b"X-N%d: v" % i for i in range(2000))), head_of(b"X-Big: " + b"a" * MIB)):
+        answer = raw_head(gateway.url, head)
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert b'"code":"request_header_fields_too_large"' in answer and b"connection: close" in answer.lower()
+    # within both bounds: served
+    filler = b"X-Fill: " + b"a" * (settings.max_head_bytes - 4096)
+    fields = [b"X-N%d: v" % i for i in range(settings.max_headers - 4)]
+    for head in (head_of(filler), head_of(*fields)):
+        assert raw_head(gateway.url, head.replace(b"Host: gw", b"Host: gw\r\nConnection: close")).startswith(
+            b"HTTP/1.1 200 "), head[:80]
+    with PeakRss(gateway.proc.pid) as memory:
+        attack = [asyncio.create_task(hold_an_unfinished_header_line(gateway.url, 4 * MIB)) for _ in range(100)]
+        async with httpx.AsyncClient(timeout=30) as http:  # meanwhile the API and websocket upgrades work
+            models = await http.get(f"{gateway.url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+        async with connect(f"{gateway.ws_url}/v1/tts/stream", additional_headers={"Authorization": f"Bearer {key}"},
+                           open_timeout=30) as ws:
+            await ws.send(json.dumps({"type": "cancel", "context_id": "none"}))
+            refused = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        outcomes = await asyncio.gather(*attack)
+    print(f"\n100 unfinished 4 MiB header lines ({request.node.callspec.params['slow_head_gateway']}): gateway RSS "
+          f"{memory.base / MIB:.0f} MiB, peak +{memory.growth / MIB:.1f} MiB; each client sent up to "
+          f"{max(sent for sent, _ in outcomes) / 1024:.0f} KiB (dropped unread after its 431)")
+    assert models.status_code == 200 and refused["type"] == "rejected"
+    assert all(answer.startswith(b"HTTP/1.1 431 ") or answer == b"" for _, answer in outcomes)
+    assert sum(answer.startswith(b"HTTP/1.1 431 ") for _, answer in outcomes) >= 90, "heads were not refused 431"
+    assert memory.growth < 32 * MIB, f"gateway RSS grew {memory.growth / MIB:.0f} MiB"
 
 
 # -- metrics -------------------------------------------------------------------------------------------

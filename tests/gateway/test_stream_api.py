@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
+import time
 
 import httpx
 import pytest
@@ -123,3 +125,28 @@ async def test_a_client_that_disconnects_mid_stream_cancels_the_worker_and_is_me
                 break
             await asyncio.sleep(0.1)
     assert usage["audio_seconds"] >= 2 * 2048 / 24000 - 0.001
+
+
+async def test_done_says_what_the_gateway_added_to_the_first_audio(gateway, worker, new_tenant):
+    """Issue 34 item 15: `done.stats.gateway_ms`, the gateway's own share of a context's first audio
+    on its own clock (the websocket's Server-Timing), the figure `bench gateway` reports as
+    `ws_gateway_ms_p50`: positive and a small part of the client's wait."""
+    _, key = await new_tenant()
+    shares, waits = [], []
+    async with await open_stream(gateway, key) as ws:
+        for n in range(6):
+            began = time.perf_counter()
+            await ws.send(json.dumps({"type": "start", "context_id": f"t{n}", "voice": "tara", "text": "Timed.",
+                                      "options": {"seed": n, "max_tokens": 15}}))
+            await ws.send(json.dumps({"type": "end", "context_id": f"t{n}"}))
+            first = None
+            while isinstance(raw := await asyncio.wait_for(ws.recv(), 60), bytes):
+                first = first or time.perf_counter()
+            done = json.loads(raw)
+            assert done["type"] == "done", done
+            shares.append(done["stats"]["gateway_ms"])
+            waits.append((first - began) * 1000)
+    print(f"\ngateway_ms {shares} of client waits {[round(w, 1) for w in waits]} ms")
+    assert all(0 < share < wait for share, wait in zip(shares, waits))
+    assert statistics.median(shares) < statistics.median(waits) / 2
+

@@ -342,7 +342,7 @@ async def test_a_clone_is_listed_described_and_deleted_while_training(
         assert deleted.status_code == 200 and deleted.json() == {"id": "alice", "object": "voice.deleted",
                                                                  "deleted": True}
         assert voice_id not in (await ring.snapshot()).replicas
-    assert queue.status(job_id).state == "cancelled"
+    assert queue.status(job_id) is None and queue.spec(job_id) is None  # deleted with the voice (issue 34, item 7)
     assert await quotas.training_jobs(tenant) == frozenset()
     assert not (adapter_store / voice_id).exists()
     assert not (gateway.uploads / tenant.id).exists()

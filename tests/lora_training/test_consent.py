@@ -3,26 +3,40 @@ and the resemblyzer speaker model: no worker, no gateway.
 
 Uploads: 16 Harvard sentences read by espeak-ng en-us. The consent: `text_to_read` of a phrase
 read by the same voice (passes), by en+f3 (another voice: refused on the speaker, while the phrase
-itself is heard), and the same voice reading another phrase (refused on the phrase)."""
+itself is heard), and the same voice reading another phrase (refused on the phrase). And the
+replays of issue 34 (item 3): the public word list read twice, the list of 35 words it replaced
+read twice, and a consent reading padded with list words around the phrase: each refused, for
+every fresh phrase, on the reading rule (the sentence, the phrase, and nothing much besides)."""
 
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import soundfile as sf
 
-from gateway.cloning.consent import PHRASE_WORDS, PHRASE_WORDS_PER_PHRASE, text_to_read
+from gateway.cloning.consent import PHRASE_WORDS, PHRASE_WORDS_PER_PHRASE, new_phrase, text_to_read
 from lora_training.clips import Clip
-from lora_training.consent import (MAX_PHRASE_WORDS_MISSED, UploadVoice, check_consent, phrase_heard,
-                                   words_in_order)
+from lora_training.consent import (CONSENT_SENTENCE, MAX_CONSENT_AUDIO_S, MAX_EXTRA_WORDS, MAX_PHRASE_WORDS_MISSED,
+                                   MAX_SENTENCE_WORDS_MISSED, UploadVoice, check_consent, consent_text,
+                                   reading_heard, words_in_order)
 from lora_training.errors import ConsentError
 from lora_training.espeak import HARVARD_SENTENCES, synthesize
 from lora_training.settings import DataParams
 
-PHRASE = "tiger castle summer pencil guitar"
-OTHER_PHRASE = "rocket music silver lemon carpet"
+PHRASE = "tiger castle 47 summer pencil guitar dragon"
+OTHER_PHRASE = "rocket music silver 62 lemon carpet island"
 UPLOADER, OTHER_VOICE = "en-us", "en+f3"
+# the 35 words phrases were drawn from before issue 34: a reading of them twice passed 1,989 of
+# 2,000 phrases of 5 of them
+OLD_PUBLIC_WORDS = (
+    "apple", "basket", "blanket", "camera", "candle", "carpet", "castle", "coffee", "dragon", "garden",
+    "guitar", "hammer", "island", "lemon", "magnet", "melon", "mirror", "monkey", "mountain", "music",
+    "orange", "paper", "pencil", "pocket", "rocket", "silver", "sugar", "summer", "table", "tiger",
+    "tomato", "turtle", "wallet", "winter", "yellow",
+)
+FRESH_PHRASES = 2000  # fresh phrases each replay is held to
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +69,39 @@ def recording(tmp_path, voice: str, phrase: str):
     return synthesize(text_to_read(phrase), voice, tmp_path / f"consent-{voice}.wav")
 
 
-def test_phrase_words_are_distinct_and_the_phrase_rule_counts_words_in_order():
-    assert len(set(PHRASE_WORDS)) == len(PHRASE_WORDS) >= 32
-    assert words_in_order(PHRASE, "My words are: Tiger, castle... summer pencil guitar.") == 5
-    assert words_in_order(PHRASE, "guitar pencil summer castle tiger") == 1  # out of order counts once
-    assert phrase_heard(PHRASE, "tiger, while it are in, pencil guitar").passed  # two run together: allowed
-    assert not phrase_heard(PHRASE, "tiger, hassle, slimmer, stencil, guitar").passed
-    assert MAX_PHRASE_WORDS_MISSED == 2 and len(PHRASE.split()) == PHRASE_WORDS_PER_PHRASE == 5
+def test_the_reading_rule_needs_the_sentence_the_phrase_in_order_and_little_else():
+    assert len(set(PHRASE_WORDS)) == len(PHRASE_WORDS) >= 200
+    assert set(PHRASE.split()) - {"47"} <= set(PHRASE_WORDS) and set(OTHER_PHRASE.split()) - {"62"} <= set(PHRASE_WORDS)
+    assert len(PHRASE.split()) == PHRASE_WORDS_PER_PHRASE + 1
+    said = consent_text(PHRASE)
+    assert said.startswith(CONSENT_SENTENCE) and reading_heard(PHRASE, said).passed
+    # a number counts as one item, heard as digits or words; items out of order count once
+    assert words_in_order(PHRASE, "My words are: Tiger, castle... forty-seven, summer pencil guitar dragon.") == 7
+    assert words_in_order(PHRASE, "tiger castle 47 summer") == 4
+    assert words_in_order(PHRASE, "dragon guitar pencil summer 47 castle tiger") == 1
+    # tiny.en's usual errors pass: "I can send ... emphatic", a number run into a word, two misses
+    heard = ("I can send to the training and use them as emphatic copy on my voice. My words are tiger, hassle, "
+             "47 summer, while it are in, guitar, dragon.")
+    assert reading_heard(PHRASE, heard).passed, reading_heard(PHRASE, heard)
+    # the phrase without the sentence; the sentence with three phrase words missed
+    assert not reading_heard(PHRASE, "My words are: tiger, castle, 47, summer, pencil, guitar, dragon.").passed
+    missed = reading_heard(PHRASE, f"{CONSENT_SENTENCE} My words are: tiger, hassle, 47, summer, stencil, guitar.")
+    assert not missed.passed and missed.words_heard == 4 and "does not say the phrase" in missed.why_not()
+    # the whole text, and more words than it has: a phrase said among other words is not a consent
+    padded = f"{said} " + " ".join([w for w in PHRASE_WORDS if w not in PHRASE.split()][:MAX_EXTRA_WORDS + 1])
+    result = reading_heard(PHRASE, padded)
+    assert not result.passed and result.words_heard == 7 and result.extra_words > MAX_EXTRA_WORDS
+    assert "says much more than the consent text" in result.why_not()
+    assert MAX_PHRASE_WORDS_MISSED == 2 and MAX_SENTENCE_WORDS_MISSED <= len(CONSENT_SENTENCE.split()) // 2
+
+
+def test_fresh_phrases_are_six_distinct_listed_words_and_a_number():
+    rng = random.Random(34)
+    for _ in range(200):
+        items = new_phrase(rng).split()
+        words = [i for i in items if not i.isdigit()]
+        assert len(items) == 7 and len(set(words)) == 6 and set(words) <= set(PHRASE_WORDS)
+        assert 21 <= int(next(i for i in items if i.isdigit())) <= 99
 
 
 def test_the_uploads_voice_reading_the_phrase_passes(tmp_path, clips, models, voice):
@@ -69,7 +109,7 @@ def test_the_uploads_voice_reading_the_phrase_passes(tmp_path, clips, models, vo
     result = check_consent(recording(tmp_path, UPLOADER, PHRASE), PHRASE, clips, DataParams(), asr=asr,
                            encoder=encoder, voice=voice)
     assert result.passed
-    assert result.phrase.words_heard >= 3
+    assert result.phrase.words_heard >= result.phrase.words - MAX_PHRASE_WORDS_MISSED
     assert result.speaker.same and result.speaker.similarity >= result.speaker.limit
     figures = result.to_dict()
     assert figures["passed"] and figures["speaker"]["similarity"] > 0.85, figures
@@ -109,6 +149,85 @@ def test_the_right_voice_reading_other_words_is_refused_on_the_phrase(tmp_path, 
                       encoder=encoder, voice=voice)
     assert err.value.check.phrase.words_heard <= 1
     assert err.value.check.speaker is None
+
+
+GENUINE_SEED, GENUINE_PHRASES = 3401, 4
+
+
+@pytest.mark.parametrize("voice", [UPLOADER, OTHER_VOICE])
+def test_fresh_phrases_read_as_given_pass_the_reading_rule(tmp_path, models, voice):
+    """A few fresh phrases (seeded: espeak-ng and tiny.en at temperature 0 are deterministic) read by
+    each voice. The pass rate over many is measured in docs/training.md, "Spoken consent"."""
+    asr, _ = models
+    rng = random.Random(GENUINE_SEED)
+    for i in range(GENUINE_PHRASES):
+        phrase = new_phrase(rng)
+        audio = sf.read(synthesize(text_to_read(phrase), voice, tmp_path / f"genuine-{i}.wav"), dtype="float32")[0]
+        result = reading_heard(phrase, asr.transcribe(audio, passage=True).text)
+        assert result.passed, result
+
+
+def _pre_issue_34_rule(phrase: str, heard: str) -> bool:
+    """What the job accepted before: the phrase's items in order, two missed allowed, nothing else."""
+    return words_in_order(phrase, heard) >= len(phrase.split()) - 2
+
+
+def test_the_public_word_list_read_twice_consents_to_no_fresh_phrase(tmp_path, models):
+    """The replay of issue 34 (item 3), exactly: espeak-ng reading the whole public word list twice.
+    The gateway refuses it before anything is kept (tests/gateway/test_consent.py: several times the
+    30 s cap); heard here in full by the job's ASR, it holds the words of nearly every fresh phrase
+    in order, and the rule refuses every one of them: no consent sentence, hundreds of words more
+    than a consent text has."""
+    asr, _ = models
+    path = synthesize(", ".join(PHRASE_WORDS + PHRASE_WORDS) + ".", UPLOADER, tmp_path / "list-twice.wav")
+    audio = sf.read(path, dtype="float32")[0]
+    assert len(audio) / 24000 > 4 * MAX_CONSENT_AUDIO_S
+    heard = asr.transcribe(audio, passage=True).text
+    assert words_in_order(" ".join(PHRASE_WORDS), heard) >= 0.8 * len(PHRASE_WORDS)  # the ASR heard the list
+    rng = random.Random(34)
+    phrases = [new_phrase(rng) for _ in range(FRESH_PHRASES)]
+    words_only = [" ".join(i for i in p.split() if not i.isdigit()) for p in phrases]  # as if numbers were heard
+    assert sum(_pre_issue_34_rule(p, heard) for p in words_only) > 0.5 * FRESH_PHRASES  # the old rule: replayable
+    results = [reading_heard(p, heard) for p in phrases]
+    assert not any(r.passed for r in results)
+    assert min(r.extra_words for r in results) > 20 * MAX_EXTRA_WORDS
+    with_sentence = f"{CONSENT_SENTENCE} My words are: {heard}"  # and had it been read after the sentence
+    assert not any(reading_heard(p, with_sentence).passed for p in phrases)
+
+
+def test_the_old_35_word_list_read_twice_is_refused_by_the_job(tmp_path, clips, models, voice):
+    """The recording the issue sent end to end (25 s: it fits the cap), against a phrase of those
+    words in an order it covers, as the gateway issued them before: refused by the job's check."""
+    asr, encoder = models
+    path = synthesize(" ".join(OLD_PUBLIC_WORDS * 2), UPLOADER, tmp_path / "old-list-twice.wav")  # ~26 s
+    assert sf.info(str(path)).duration < MAX_CONSENT_AUDIO_S
+    phrase = "castle guitar mountain silver turtle"  # in list order: covered twice over
+    with pytest.raises(ConsentError, match="consent") as err:
+        check_consent(path, phrase, clips, DataParams(), asr=asr, encoder=encoder, voice=voice)
+    heard = err.value.check.phrase
+    assert _pre_issue_34_rule(phrase, heard.heard), heard  # what passed before
+    assert not heard.passed and err.value.check.speaker is None
+    assert heard.extra_words > MAX_EXTRA_WORDS or heard.sentence_words_heard < 14 - MAX_SENTENCE_WORDS_MISSED
+
+
+def test_a_consent_reading_padded_with_list_words_around_the_phrase_is_refused(tmp_path, clips, models, voice):
+    """The best replay that fits 30 s: the sentence read, then list words with a fresh phrase's items
+    among them in order (what a recording would need to hold to serve as consent to phrases it was
+    not made for). Refused on the words beyond the text, though it says the phrase."""
+    asr, encoder = models
+    phrase = new_phrase(random.Random(7))
+    fillers = iter(w for w in PHRASE_WORDS if w not in phrase.split())
+    padded = []
+    for item in phrase.split():  # two list words before each of the phrase's items
+        padded += [next(fillers), next(fillers), item]
+    text = f"{CONSENT_SENTENCE} My words are: {', '.join(padded)}."
+    path = synthesize(text, UPLOADER, tmp_path / "padded.wav")
+    assert sf.info(str(path)).duration < MAX_CONSENT_AUDIO_S
+    with pytest.raises(ConsentError, match="says much more than the consent text") as err:
+        check_consent(path, phrase, clips, DataParams(), asr=asr, encoder=encoder, voice=voice)
+    heard = err.value.check.phrase
+    assert heard.words_heard >= heard.words - MAX_PHRASE_WORDS_MISSED, heard  # the phrase itself was said
+    assert heard.extra_words > MAX_EXTRA_WORDS
 
 
 def test_a_job_whose_consent_is_another_voice_fails_before_training(takes, train_settings, reporter, tmp_path):

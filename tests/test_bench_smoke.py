@@ -1,0 +1,152 @@
+"""Every `make bench` bench runs its real entry point in the suite, small (issue #34 item 8): a bench
+that no longer runs fails here, not on the day someone next runs `make bench`.
+
+Each smoke runs the bench's own command (`voicering bench NAME --json ...`, a subprocess as
+`make bench` runs it: stdout must be one JSON object) or, where noted, the function that command
+calls with every stage, and checks that the figures are all there; the figures themselves are not
+judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
+
+    codec     here                     `voicering bench codec --json --seconds 1`
+    ring      tests/hashring/test_ring_cli.py   bench.ring.run, 8 workers; the command's wiring
+    silence   here                     `voicering bench silence --json --seconds 3`
+    worker    here                     `voicering bench worker --json --quick` (its own engine)
+    train     here                     `voicering bench train --json` (full size: it has no size knob)
+    proxy     here                     `voicering bench proxy --json --rounds 1` (two workers of its own)
+    gateway   here                     `voicering bench gateway --json --rounds 1 --concurrent 2`
+    livekit   here                     `voicering bench livekit --json --quick` (a worker of its own)
+    capacity  tests/test_bench_capacity.py      bench.capacity.run, levels 1 and 4 (a worker of its own)
+    fleet     tests/test_bench_fleet.py         bench.fleet.measure on the suite's three workers
+    burst     tests/test_bench_burst.py         a small burst on the session worker and gateway
+    clone     tests/test_bench_clone.py         `voicering bench clone --json --quick`
+
+The benches that start workers run one command at a time (each its own), so with the session
+worker at most two engines are alive at once here (three for the proxy bench).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# bench -> where its smoke is (this module's tests are named test_bench_<name>_runs...)
+SMOKED = {
+    "codec": "here", "ring": "tests/hashring/test_ring_cli.py", "silence": "here", "worker": "here", "train": "here",
+    "proxy": "here", "gateway": "here", "livekit": "here", "capacity": "tests/test_bench_capacity.py",
+    "fleet": "tests/test_bench_fleet.py", "burst": "tests/test_bench_burst.py", "clone": "tests/test_bench_clone.py",
+}
+
+
+def bench(name: str, *args: str, timeout_s: float, env: dict[str, str] | None = None) -> dict:
+    """`voicering bench NAME --json ARGS` as `make bench` runs it; its stdout parsed as one JSON object.
+    The bench runs in its own process group, killed whole if it overruns (it may have started workers)."""
+    proc = subprocess.Popen([sys.executable, "-m", "voicering", "bench", name, "--json", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"`voicering bench {name}` ran past {timeout_s:.0f} s; its stderr ends:\n{err[-3000:]}")
+    assert proc.returncode == 0, f"`voicering bench {name}` exited {proc.returncode}; its stderr ends:\n{err[-3000:]}"
+    try:
+        return json.loads(out)
+    except ValueError:
+        pytest.fail(f"`voicering bench {name} --json` printed more than one JSON object:\n{out[:2000]}")
+
+
+def has_every(figures: dict, *keys: str) -> None:
+    missing = [k for k in keys if k not in figures]
+    assert not missing, f"figures missing: {missing}; got {sorted(figures)}"
+
+
+def test_every_make_bench_bench_has_a_smoke_run():
+    recipe = re.search(r"^bench:.*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), re.M)
+    assert recipe, "the Makefile has no bench target"
+    benches = re.findall(r"voicering bench (\S+)", recipe[1])
+    assert benches and set(benches) == set(SMOKED), "a bench of `make bench` has no smoke run (list it in SMOKED)"
+    for name, where in SMOKED.items():
+        if where != "here":
+            assert (REPO / where).is_file(), where
+        else:
+            assert any(n.startswith(f"test_bench_{name}_") for n in globals()), name
+
+
+@pytest.mark.timeout(180)
+def test_bench_codec_runs():
+    from bench.codec import TARGETS
+
+    figures = bench("codec", "--seconds", "1", timeout_s=170)
+    has_every(figures, *TARGETS, "decode_s_per_audio_s", "reference_decode_s_per_audio_s", "targets_met")
+    assert set(figures["targets_met"]) == set(TARGETS)
+    assert figures["frames_in"] == 12 and figures["frames_out_equals_frames_in"]
+
+
+@pytest.mark.timeout(180)
+def test_bench_silence_runs():
+    figures = bench("silence", "--seconds", "3", timeout_s=170)
+    has_every(figures, "energy_clean_ms_per_audio_s", "vad_clean_lead_error_ms_max", "vad_noise45_lead_error_ms_max",
+              "stream_energy_push_us_holding_mean", "stream_vad_release_after_speech_ms_mean",
+              "peer_silero_timestamps_lead_error_ms_mean")
+    assert figures["clips"] >= 1 and figures["audio_seconds"] >= 3
+
+
+@pytest.mark.timeout(600)
+def test_bench_worker_runs(tmp_path):
+    from bench.worker import TARGETS
+
+    plot = tmp_path / "worker.png"  # not docs/: a smoke run must not replace the published plot
+    figures = bench("worker", "--quick", timeout_s=580, env={"VOICERING_BENCH_PLOT": str(plot)})
+    has_every(figures, *TARGETS, "tokens_per_s_per_stream", "ttfb_ms_p50", "sampler_ms_per_step", "targets_met")
+    assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["rounds"] == 1
+    assert figures["invalid_tokens"] == 0 and figures["voices_served"] == TARGETS["voices_served"][1]
+    assert figures["plot"] == str(plot)
+
+
+@pytest.mark.timeout(600)
+def test_bench_train_runs():
+    figures = bench("train", timeout_s=580)
+    has_every(figures, "preprocess_s_per_audio_min", "encode_x_realtime", "train_steps_per_s",
+              "head_silence_after_ms_p90", "head_silence_after_vad_ms_p90", "targets_met")
+    assert figures["clips"] > 0 and figures["train_steps"] > 0
+    assert set(figures["targets_met"]) == {"head_silence_after_ms_p90", "head_silence_after_ms_min",
+                                           "every_clip_measured"}
+
+
+@pytest.mark.timeout(600)
+def test_bench_proxy_runs():
+    from bench.proxy import TARGETS
+
+    figures = bench("proxy", "--rounds", "1", timeout_s=580)  # two workers of its own: A relays, B is killed
+    has_every(figures, *TARGETS, "relay_added_ms_p50", "failover_s", "endings", "targets_met")
+    assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["rounds"] == 1
+    assert figures["served_as_expected"] and figures["failover_s"] is not None
+
+
+@pytest.mark.timeout(600)
+def test_bench_gateway_runs():
+    from bench.gateway import TARGETS
+
+    figures = bench("gateway", "--rounds", "1", "--concurrent", "2", timeout_s=580)
+    has_every(figures, *TARGETS, "direct_ttfb_ms_p50", "ws_added_ms_p50", "auth_us_p50", "targets_met")
+    assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["rounds"] == 1
+
+
+@pytest.mark.timeout(600)
+def test_bench_livekit_runs():
+    from bench.livekit import TARGETS
+
+    figures = bench("livekit", "--quick", timeout_s=580)
+    has_every(figures, *TARGETS, "plugin_ttfb_ms_p50", "direct_ttfb_ms_p50", "targets_met")
+    assert set(figures["targets_met"]) == set(TARGETS)
+    assert figures["config"]["turns"] == 10 and figures["failed_turns"] == 0
