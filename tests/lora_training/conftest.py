@@ -10,6 +10,7 @@ sentences as one text (so the pipeline must align sentences to pauses). Transcri
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from lora_training.jobs import JobQueue
 from tests.fixtures.speech import SAMPLE_RATE, pad_silence
 
 HEAD_PAD_MS = 600.0
@@ -93,3 +95,12 @@ class RecordingReporter:
 @pytest.fixture
 def reporter() -> RecordingReporter:
     return RecordingReporter()
+
+
+@pytest.fixture
+def queue(redis_url, request):
+    """A training queue under a prefix of its own (the test module's name and a random tag)."""
+    module = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+    q = JobQueue.connect(redis_url, prefix=f"test-{module}-{uuid.uuid4().hex[:8]}")
+    yield q
+    q.close()

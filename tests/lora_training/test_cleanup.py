@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,6 @@ from lora_training.cleanup import clean_job, clip_cache_keys
 from lora_training.clips import Clip, ClipSet
 from lora_training.consumer import TrainWorker
 from lora_training.dataset import FrameCache, clip_digest
-from lora_training.jobs import JobQueue
 from lora_training.pipeline import JobSpec
 from lora_training.publish import STAGING_TENANT
 from lora_training.settings import TrainSettings
@@ -112,13 +110,6 @@ def test_keys_read_before_the_uploads_went_still_find_the_clip_set(tmp_path):
 
 
 # -- through a real trainer ------------------------------------------------------------------------
-
-
-@pytest.fixture
-def queue(redis_url):
-    q = JobQueue.connect(redis_url, prefix=f"test-cleanup-{uuid.uuid4().hex[:8]}")
-    yield q
-    q.close()
 
 
 def _dead_url() -> str:

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
@@ -19,13 +18,6 @@ from tests.fixtures.models import REPO
 
 LEASE_MS = 2000
 SAMPLE_MAX_TOKENS = 7 * 6 + 1  # the validation sample: 6 frames through the real engine (the default is ~3 s)
-
-
-@pytest.fixture
-def queue(redis_url):
-    q = JobQueue.connect(redis_url, prefix=f"test-crash-{uuid.uuid4().hex[:8]}")
-    yield q
-    q.close()
 
 
 def _wait(condition, timeout: float, what: str, proc: subprocess.Popen | None = None, log=None):

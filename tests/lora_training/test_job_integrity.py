@@ -73,13 +73,6 @@ def test_encoding_stops_at_the_next_batch_once_the_job_is_stopped(uploads, train
 # -- outcomes and acks ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def queue(redis_url):
-    q = JobQueue.connect(redis_url, prefix=f"test-integrity-{uuid.uuid4().hex[:8]}")
-    yield q
-    q.close()
-
-
 def _spec(tmp_path, name: str) -> JobSpec:
     return JobSpec(name=name, tenant="acme", audio=[tmp_path / "take.wav"])
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 import pytest
 
@@ -16,13 +15,6 @@ from lora_training.jobs import GROUP, JobQueue, Lease
 from lora_training.pipeline import JobSpec
 
 DAY_S = 86_400.0
-
-
-@pytest.fixture
-def queue(redis_url):
-    q = JobQueue.connect(redis_url, prefix=f"test-records-{uuid.uuid4().hex[:8]}")
-    yield q
-    q.close()
 
 
 def _submit(queue: JobQueue, tmp_path, name: str) -> str:

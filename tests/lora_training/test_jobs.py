@@ -2,7 +2,6 @@
 abandoned entries, and a trainer's handling of locked, cancelled and failing jobs."""
 
 import time
-import uuid
 
 import pytest
 
@@ -11,13 +10,6 @@ from lora_training.errors import JobStopped, LeaseLost
 from lora_training.jobs import JobQueue, Lease
 from lora_training.pipeline import JobSpec
 from lora_training.stop import Stop
-
-
-@pytest.fixture
-def queue(redis_url):
-    q = JobQueue.connect(redis_url, prefix=f"test-train-{uuid.uuid4().hex[:8]}")
-    yield q
-    q.close()
 
 
 def _spec(uploads, name="v") -> JobSpec:

@@ -24,13 +24,6 @@ from tests.fixtures.probes import http_get, metric_samples
 CLAIM_IDLE_MS = 300
 
 
-@pytest.fixture
-def queue(redis_url):
-    q = JobQueue.connect(redis_url, prefix=f"test-recovery-{uuid.uuid4().hex[:8]}")
-    yield q
-    q.close()
-
-
 def _spec(tmp_path, name: str, **extra) -> JobSpec:
     return JobSpec(name=name, tenant="acme", audio=[tmp_path / "take.wav"], **extra)
 

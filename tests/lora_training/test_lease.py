@@ -5,7 +5,6 @@ lease; a stale holder can neither write the job nor publish its voice, the new h
 import json
 import signal
 import time
-import uuid
 
 import pytest
 
@@ -28,13 +27,6 @@ def own_redis():
     if server.running:
         server._proc.send_signal(signal.SIGCONT)
     server.stop()
-
-
-@pytest.fixture
-def queue(redis_url):
-    q = JobQueue.connect(redis_url, prefix=f"test-lease-{uuid.uuid4().hex[:8]}")
-    yield q
-    q.close()
 
 
 def _spec(tmp_path, name="v") -> JobSpec:
