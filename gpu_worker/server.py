@@ -45,7 +45,6 @@ import contextlib
 import hmac
 import json
 import logging
-import math
 import socket
 from dataclasses import dataclass, field, replace
 from http import HTTPStatus
@@ -68,7 +67,7 @@ from gpu_worker.settings import WorkerSettings
 from hashring.errors import InvalidVoiceId
 from hashring.placement import HeatRecorder
 from hashring.records import RingView
-from hashring.share import share_bound, share_floor_streams
+from hashring.share import share_bound, share_floor_streams, share_of_mean
 
 log = logging.getLogger(__name__)
 
@@ -477,7 +476,7 @@ class WorkerServer:
             refused = "share"
             bound, mean = share
             rule = f"ceil({self._admit_factor()} × mean {mean:.1f})"
-            if bound > math.ceil(round(self._admit_factor() * mean, 9)):
+            if bound > share_of_mean(mean, self._admit_factor()):
                 rule = f"its share floor, above {rule}"
             message = f"worker holds {self.active} streams, over its share of the fleet ({rule} = {bound}); try another owner"
         elif relay and self.relayed >= self.settings.relay_stream_limit():

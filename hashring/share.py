@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["share_bound", "share_floor_streams"]
+__all__ = ["share_bound", "share_floor_streams", "share_of_mean"]
 
 
 def share_bound(others: float, in_flight: int, workers: int, admit_factor: float, floor: int = 0) -> tuple[int, float]:
@@ -23,7 +23,12 @@ def share_bound(others: float, in_flight: int, workers: int, admit_factor: float
     beside ``others`` streams on the fleet's other ``workers - 1`` workers; ``floor`` is its
     `share_floor_streams` (below it every start fits the bound: the same as not asking)."""
     mean = (others + in_flight + 1) / max(1, workers)
-    return max(math.ceil(round(admit_factor * mean, 9)), floor), mean  # rounded: 1.35 × 2.0 must not ceil to 3
+    return max(share_of_mean(mean, admit_factor), floor), mean
+
+
+def share_of_mean(mean: float, admit_factor: float) -> int:
+    """``ceil(admit_factor × mean)``, rounded first: 1.35 × 2.0 must not ceil to 3."""
+    return math.ceil(round(admit_factor * mean, 9))
 
 
 def share_floor_streams(capacity: int, share_floor: float) -> int:
