@@ -19,7 +19,10 @@ decodes and is short; here, after preprocessing:
   windows over (at most REFERENCE_MAX_S of) the job's clips, averaged in stretches as long as the
   recording, decided by lora_training.quality.speakers.speaker_match: the uploads' own spread (a
   low percentile of the stretches' similarity to their centroid) less `consent_speaker_margin`,
-  never below `consent_min_similarity` (CheckThresholds, versioned).
+  never below `consent_min_similarity` (CheckThresholds, versioned). A refusal is said in one of
+  two ways: `other_room` when the recording sounds like another room or microphone than the uploads
+  (lora_training.quality.rooms) and comes within `consent_room_band` of the limit (unsure: record
+  where the uploads were made), else `other_speaker` (another person must not read it).
 
 A failure is a ConsentError whose message the creator reads (with the figures, also in its
 `check`); a pass's figures go into the published voice's metadata (`consent`).
@@ -41,6 +44,7 @@ from lora_training.text import normalize
 if TYPE_CHECKING:
     from lora_training.asr import AsrBackend
     from lora_training.clips import Clip
+    from lora_training.quality.rooms import RoomProfile
     from lora_training.quality.speaker import SpeakerEncoder
     from lora_training.quality.speakers import SpeakerMatch
     from lora_training.quality.thresholds import CheckThresholds
@@ -174,17 +178,25 @@ def _reference(clips: Sequence[Clip]) -> list[np.ndarray]:
 
 @dataclass(frozen=True)
 class UploadVoice:
-    """The uploads' voice: the speaker windows of (at most REFERENCE_MAX_S of) the job's clips."""
+    """The uploads' voice: the speaker windows of (at most REFERENCE_MAX_S of) the job's clips, and
+    their room (`rooms.RoomProfile`), to say when the consent recording was made elsewhere."""
 
     vectors: np.ndarray  # [N, 256] unit vectors
+    room: RoomProfile | None = None  # None: rooms are not compared
 
     @classmethod
     def of(cls, clips: Sequence[Clip], encoder: SpeakerEncoder, sample_rate: int = 24000) -> UploadVoice:
-        windows = [encoder.embed_windows(audio, sample_rate).vectors for audio in _reference(clips)]
+        return cls.of_audio(_reference(clips), encoder, sample_rate)
+
+    @classmethod
+    def of_audio(cls, audio: Sequence[np.ndarray], encoder: SpeakerEncoder, sample_rate: int = 24000) -> UploadVoice:
+        from lora_training.quality.rooms import room_profile
+
+        windows = [encoder.embed_windows(a, sample_rate).vectors for a in audio]
         kept = [w for w in windows if len(w)]
         if sum(len(w) for w in kept) < 2:
             raise ConsentError("the uploads hold too little speech to compare with the consent recording")
-        return cls(np.concatenate(kept))
+        return cls(np.concatenate(kept), room_profile(np.concatenate(list(audio)), sample_rate))
 
     def stretches(self, windows: int) -> list[np.ndarray]:
         """Unit means of consecutive runs of `windows` windows (fewer when the upload is short, so
@@ -198,14 +210,30 @@ def same_speaker(consent_audio: np.ndarray, voice: UploadVoice, encoder: Speaker
     """The recording's voice print against the uploads', like with like: the recording's windows
     averaged, and the uploads' windows averaged in stretches of as many windows (a print of 10 s
     of speech varies far less than one of a 1.6 s window, so single windows would set the spread
-    too wide). speakers.speaker_match decides, against the spread of those stretches."""
+    too wide). speakers.speaker_match decides, against the spread of those stretches.
+
+    The room is not allowed for in the decision (measured: bringing the recordings into one room by
+    equalising and adding a simulated room, or lowering the bar when rooms differ, let far more
+    other voices through than it saved genuine ones; docs/benchmarks.md, "Clone checks"). It is in
+    the verdict: a refused recording that sounds like another room or microphone than the uploads
+    (`RoomProfile.differs_from`) and comes within `consent_room_band` of the limit is `other_room`
+    (unsure: record where the uploads were made), not `other_speaker`."""
+    from dataclasses import replace
+
+    from lora_training.quality.rooms import room_profile
     from lora_training.quality.speakers import speaker_match
 
     consent = encoder.embed_windows(consent_audio, sample_rate)
     if len(consent) == 0:
         raise ConsentError("the consent recording holds no speech to compare with the uploads' voice: record the "
                            "speaker reading the consent text clearly")
-    return speaker_match(voice.stretches(len(consent)), consent.centroid(), thresholds)
+    match = speaker_match(voice.stretches(len(consent)), consent.centroid(), thresholds)
+    if voice.room is None:
+        return match
+    differ = room_profile(consent_audio, sample_rate).differs_from(voice.room)
+    if differ and not match.same and match.similarity >= match.limit - thresholds.consent_room_band:
+        return replace(match, verdict="other_room", rooms_differ=True)
+    return replace(match, rooms_differ=differ)
 
 
 def check_consent(path: Path, phrase: str, clips: Sequence[Clip], data: DataParams, *, asr: AsrBackend,
@@ -223,8 +251,16 @@ def check_consent(path: Path, phrase: str, clips: Sequence[Clip], data: DataPara
     heard = reading_heard(phrase, getattr(said, "text", said))
     if not heard.passed:
         _fail(ConsentCheck(heard, None, thresholds), heard.why_not() or "")
-    match = same_speaker(recording.audio, voice or UploadVoice.of(clips, encoder), encoder, thresholds)
+    voice = voice or UploadVoice.of(clips, encoder)
+    match = same_speaker(recording.audio, voice, encoder, thresholds)
     result = ConsentCheck(heard, match, thresholds)
+    if match.verdict == "other_room":
+        _fail(result, (
+            "the consent recording sounds like another room or microphone than the uploads"
+            f"{_rooms_said(_decays(recording.audio, voice))}, and the voices match only {match.similarity:.2f} "
+            f"where {match.limit:.2f} is needed: too unsure to accept (a room or a microphone alone moves the "
+            "match this much). Record the consent phrase in the same room with the same microphone as the "
+            "uploads, or upload takes made where the consent is recorded, and upload again"))
     if not match.same:
         _fail(result, (
             "the voice in the consent recording is not the voice in the uploads (similarity "
@@ -233,6 +269,21 @@ def check_consent(path: Path, phrase: str, clips: Sequence[Clip], data: DataPara
             "whose voice is cloned must read the consent phrase themselves. Record them reading a new phrase and "
             "upload again"))
     return result
+
+
+def _decays(consent_audio: np.ndarray, voice: UploadVoice) -> tuple[float, float]:
+    """(the consent recording's decay time, the uploads'), seconds."""
+    from lora_training.quality.rooms import reverb_s
+
+    return reverb_s(consent_audio), voice.room.reverb_s if voice.room else float("nan")
+
+
+def _rooms_said(decays: tuple[float, float]) -> str:
+    consent, uploads = decays
+    if not (np.isfinite(consent) and np.isfinite(uploads)) or abs(consent - uploads) < 0.15:
+        return " (their tone differs)"
+    wetter = "the uploads echo more" if uploads > consent else "the consent recording echoes more"
+    return f" ({wetter}: the room rings {uploads:.1f} s in the uploads, {consent:.1f} s in the consent recording)"
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

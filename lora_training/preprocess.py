@@ -135,6 +135,11 @@ def _build(audio_paths: list[Path], transcripts: Path | None, data: DataParams, 
         if not asr_dropped:
             raise
         unsure_s = sum(x["seconds"] for x in asr_dropped.values())
+        under = [f for f in checks.findings if f.code == "voice_under" and f.file in asr_dropped]
+        if under:  # the ASR was unsure because two people talk at once: transcripts would not help
+            raise SpeechAmountError(f"{err.message} ({unsure_s:.0f} s were left out because the ASR could not make "
+                                    f"out the words, in {', '.join(asr_dropped)}; "
+                                    + "; ".join(f.message for f in under) + ")") from None
         raise SpeechAmountError(f"{err.message} ({unsure_s:.0f} s were left out because the ASR was unsure of "
                                 f"them, in {', '.join(asr_dropped)}: send transcripts for those files)") from None
     if len(clips) < 2:

@@ -11,8 +11,9 @@ Two stages, so a bad upload is refused before a job is queued and no stage decod
 
 `check_recording` is both, for one file held whole (the job, tests, the benchmark). `merge`
 joins the gateway's findings with the job's without repeating one both made.
-Reverberation is not measured: no estimate here could be checked against a known truth (espeak-ng
-speech convolved with a made-up room gives a figure, not a validated RT60), so it stays out.
+Reverberation (quality.rooms.reverb_s) is a warning: its estimate was checked against rooms of a
+known decay time (exponentially decaying noise, docs/benchmarks.md), not against real rooms. A voice
+talking under the speaker (quality.signal.voice_under) warns, and blocks when that voice is loud.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from lora_training.quality.findings import Finding, clock
-from lora_training.quality.signal import gaps, loudness_lufs, rolloff_hz, snr_db
+from lora_training.quality.rooms import reverb_s
+from lora_training.quality.signal import gaps, loudness_lufs, rolloff_hz, snr_db, voice_under
 from lora_training.quality.thresholds import CheckThresholds
 
 __all__ = ["Clipping", "check_audio", "check_levels", "check_recording", "check_upload", "merge", "record"]
@@ -115,7 +117,8 @@ def _silences(name: str, samples: int, regions: list[tuple[int, int]], th: Check
 
 def check_audio(name: str, audio: np.ndarray, regions: list[tuple[int, int]],
                 thresholds: CheckThresholds) -> list[Finding]:
-    """The checks that need the whole 24 kHz audio of one file: SNR, real bandwidth, loudness."""
+    """The checks that need the whole 24 kHz audio of one file: SNR, real bandwidth, loudness,
+    reverberation, a voice under the speaker."""
     th = thresholds
     if not regions:
         return []
@@ -155,7 +158,38 @@ def check_audio(name: str, audio: np.ndarray, regions: list[tuple[int, int]],
                                  f"{th.warn_loudness_low_lufs:.0f} to {th.warn_loudness_high_lufs:.0f} is best), "
                                  "often a sign of heavy compression or limiting: lower the gain next time", name,
                                  *span, lufs, th.warn_loudness_high_lufs))
+    found += _reverb(name, audio, span, th)
+    found += _voice_under(name, audio, th)
     return found
+
+
+def _reverb(name: str, audio: np.ndarray, span: tuple[float, float], th: CheckThresholds) -> list[Finding]:
+    decay = reverb_s(audio, SAMPLE_RATE)
+    if not np.isfinite(decay) or decay < th.warn_reverb_s:
+        return []
+    return [Finding("warn", "reverberation", f"{name} sounds reverberant: the room rings for about {decay:.1f} s after "
+                    "the voice stops (a decay time under 0.5 s sounds dry). The clone learns the room's echo too: "
+                    "record in a smaller or furnished room, close to the microphone, and record the consent phrase "
+                    "in the same room with the same microphone", name, *span, decay, th.warn_reverb_s)]
+
+
+def _voice_under(name: str, audio: np.ndarray, th: CheckThresholds) -> list[Finding]:
+    """One finding for the file, its time the first to the last moment the other voice is heard."""
+    under = voice_under(audio, SAMPLE_RATE)
+    if under.share < th.warn_voice_under_fraction:
+        return []
+    heard = under.times_s[under.flags]
+    start, end = float(heard[0]), float(heard[-1])
+    if under.level_db >= th.block_voice_under_level_db:
+        return [Finding("block", "voice_under", f"another voice talks under yours in {name} between {clock(start)} "
+                        f"and {clock(end)} (heard in {under.share:.0%} of it, {-under.level_db:.0f} dB under you: "
+                        "a conversation or a TV): the clone would learn it too. Record again with nothing else "
+                        "speaking in the room", name, start, end, 100 * under.share,
+                        100 * th.warn_voice_under_fraction)]
+    return [Finding("warn", "voice_under", f"a faint voice talks under yours in {name} between {clock(start)} and "
+                    f"{clock(end)} (heard in {under.share:.0%} of it, {-under.level_db:.0f} dB under you: a TV or a "
+                    "conversation in another room?): turn it off next time", name, start, end, 100 * under.share,
+                    100 * th.warn_voice_under_fraction)]
 
 
 def check_recording(name: str, audio: np.ndarray, source_rate: int, regions: list[tuple[int, int]],

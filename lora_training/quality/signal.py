@@ -12,8 +12,8 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["ClipRuns", "FloorSnr", "clip_runs", "gaps", "loudness_lufs", "region_mask", "rolloff_hz", "snr_db",
-           "wada_snr_db"]
+__all__ = ["ClipRuns", "FloorSnr", "VoiceUnder", "clip_runs", "gaps", "loudness_lufs", "region_mask", "rolloff_hz",
+           "snr_db", "voice_under", "voiced_share", "wada_snr_db"]
 
 FRAME = 240  # 10 ms at 24 kHz: the frames lora_training.segment reads speech from
 
@@ -217,3 +217,64 @@ def voiced_share(audio: np.ndarray, sample_rate: int = 24000) -> float:
     lo, hi = int(sample_rate / 400), int(sample_rate / 60)
     peak = ac[:, lo:hi].max(axis=1) / np.maximum(ac[:, 0], 1e-12)
     return float(np.mean(peak > VOICING_PEAK))
+
+
+# -- a voice under the voice ------------------------------------------------------------------------
+
+UNDER_BELOW_DB = 15.0  # a 40 ms frame this far under the speech's loud level (95th percentile) is "quiet"
+UNDER_SPAN_DB = 60.0  # ...and no further under it (digital silence and a faint floor are not a voice)
+UNDER_HIGHPASS_HZ = 150.0  # mains hum (50/60 Hz) is periodic too: its band is left out of the pitch test
+TAIL_RISE_DB = 1.0  # a room's echo after the voice only falls: a rise of this much ends it
+
+
+@dataclass(frozen=True)
+class VoiceUnder:
+    """Where a quieter voice is heard in a recording's quiet moments: `share` of the recording's
+    40 ms frames (hop 20 ms) that are quiet and voiced, and the frames' times (s) [F] and flags [F]."""
+
+    share: float
+    level_db: float  # the voice's median level against the speaker's loud level (dB, negative); -inf: none
+    times_s: np.ndarray
+    flags: np.ndarray
+
+
+def voice_under(audio: np.ndarray, sample_rate: int = 24000) -> VoiceUnder:
+    """A second voice underneath the speaker (a conversation, a TV), heard where the speaker is
+    quiet: between words and sentences the level falls UNDER_BELOW_DB or more; in a clean take, or
+    one with steady noise, those moments hold silence, breath or noise, which are not voiced; a
+    voice talking underneath fills them with voiced sound (a pitch peak in 60-400 Hz above
+    VOICING_PEAK, hum's band left out). The echo of the speaker's own voice in a reverberant room
+    is quiet and voiced too, but only falls after the voice stops: those frames are left out
+    (`_tails`). Measured on espeak-ng mixtures (docs/benchmarks.md, "Clone checks"): clean, white
+    noise at 10-30 dB, hum and reverberant speech <= 0.063; a voice 20-30 dB under the speaker
+    0.135-0.21, 12 dB under 0.048-0.092 (seen in some takes). A voice as loud as the speaker
+    (0-6 dB) leaves no quiet moment and reads like a clean take: this measure does not see it."""
+    x = np.asarray(audio, np.float64)
+    n, hop = int(VOICING_FRAME_S * sample_rate), int(VOICING_FRAME_S * sample_rate / 2)
+    if x.size < n:
+        return VoiceUnder(0.0, float("-inf"), np.zeros(0), np.zeros(0, bool))
+    frames = np.lib.stride_tricks.sliding_window_view(x, n)[::hop]  # [F, n]
+    frames = frames - frames.mean(axis=1, keepdims=True)
+    level = 10 * np.log10(np.einsum("ij,ij->i", frames, frames) / n + 1e-20)  # [F] dB
+    loud = float(np.percentile(level, 95))
+    quiet = (level < loud - UNDER_BELOW_DB) & (level > loud - UNDER_SPAN_DB)
+    spectrum = np.fft.rfft(frames, 2 * n, axis=1)  # [F, n + 1]
+    spectrum[:, :int(UNDER_HIGHPASS_HZ * 2 * n / sample_rate) + 1] = 0.0
+    ac = np.fft.irfft(np.abs(spectrum) ** 2, axis=1)[:, :n]  # [F, n] autocorrelation by lag
+    lo, hi = int(sample_rate / 400), int(sample_rate / 60)
+    voiced = ac[:, lo:hi].max(axis=1) / np.maximum(ac[:, 0], 1e-20) > VOICING_PEAK
+    flags = quiet & voiced & ~_tails(level, loud - UNDER_BELOW_DB)
+    times = (np.arange(frames.shape[0]) * hop + n / 2) / sample_rate
+    under = float(np.median(level[flags]) - loud) if flags.any() else float("-inf")
+    return VoiceUnder(float(np.mean(flags)), under, times, flags)
+
+
+def _tails(level: np.ndarray, loud_from: float) -> np.ndarray:
+    """[F] True for the frames of a room's echo: those after a loud frame (level >= `loud_from`)
+    whose level has only fallen since (no rise of TAIL_RISE_DB). A reverberant room's tail of the
+    speaker's own voice is quiet and voiced, like a voice underneath, but never rises again."""
+    tail = np.zeros(level.size, bool)
+    for i in range(1, level.size):
+        if level[i] < loud_from and (level[i - 1] >= loud_from or tail[i - 1]):
+            tail[i] = level[i] < level[i - 1] + TAIL_RISE_DB
+    return tail

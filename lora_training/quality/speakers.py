@@ -13,6 +13,7 @@ the upload's own spread less a margin, so noisy uploads (wide spread) are judged
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -26,6 +27,7 @@ __all__ = [
     "MIN_WINDOWS",
     "SPREAD_PERCENTILE",
     "SpeakerMatch",
+    "Verdict",
     "second_speaker",
     "speaker_match",
     "two_means",
@@ -37,17 +39,25 @@ MAX_RANGES_LISTED = 8  # findings listed one by one; the rest are counted in one
 SPREAD_PERCENTILE = 5.0  # the upload's spread: this percentile of its windows' similarity to their centroid
 KMEANS_ROUNDS = 30
 
+# the consent voice against the uploads': the same person; unsure because the recordings sound like
+# different rooms or microphones (refused, asking for a recording made where the uploads were); another person
+Verdict = Literal["same", "other_room", "other_speaker"]
+
 
 @dataclass(frozen=True, slots=True)
 class SpeakerMatch:
     """A candidate voice against a reference (the upload). `similarity`: cosine of the candidate to
     the reference centroid; `spread`: the reference's own 5th-percentile window similarity to that
-    centroid; `limit`: what `similarity` had to reach; `same`: it did."""
+    centroid; `limit`: what `similarity` had to reach; `same`: it did. `verdict`: which of the three
+    `Verdict`s; `rooms_differ`: the two sound like different rooms or microphones (set by
+    lora_training.consent, which also gives `other_room`)."""
 
     similarity: float
     spread: float
     limit: float
     same: bool
+    verdict: Verdict = "other_speaker"
+    rooms_differ: bool = False
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:
@@ -167,4 +177,6 @@ def speaker_match(
     spread = float(np.percentile(rows @ centroid, SPREAD_PERCENTILE))
     similarity = float(_unit(np.asarray(candidate, dtype=np.float64).ravel()) @ centroid)
     limit = max(limits.consent_min_similarity, spread - limits.consent_speaker_margin)
-    return SpeakerMatch(similarity=similarity, spread=spread, limit=limit, same=similarity >= limit)
+    same = similarity >= limit
+    return SpeakerMatch(similarity=similarity, spread=spread, limit=limit, same=same,
+                        verdict="same" if same else "other_speaker")

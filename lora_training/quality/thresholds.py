@@ -16,7 +16,7 @@ __all__ = ["CheckThresholds"]
 class CheckThresholds(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    version: str = "2026-12-1"
+    version: str = "2026-12-2"
     # speech after VAD, whole upload (DataParams.min_speech_s still refuses below its own minimum)
     warn_speech_s: float = 480.0  # < 8 min: the clone will be weaker
     # the file's own sample rate (DataParams.min_sample_rate refuses below its own minimum first)
@@ -49,6 +49,20 @@ class CheckThresholds(BaseModel):
     # voiced (a pitch peak in 60-400 Hz): noise bursts the level gate let through are not a voice
     # (espeak-ng speech 0.55-0.68, 0.34 at 10 dB SNR; white or low-passed noise 0.0)
     speaker_min_voiced_share: float = 0.2
+    # reverberation: the decay time read from the speech's offsets (quality.rooms.reverb_s, s); dry
+    # espeak-ng reads 0.27-0.31 s, sox `reverb 30` 0.55 s, an exponential room of RT60 0.6 s 0.59 s
+    warn_reverb_s: float = 0.6
+    # a voice under the speaker (quality.signal.voice_under): share of a file's 40 ms frames that are
+    # quiet and voiced, echo tails left out (clean, noisy, humming and reverberant espeak-ng <= 0.063; a
+    # voice 20-30 dB under 0.135-0.21, 12 dB under 0.048-0.092, 0-6 dB under <= 0.03: not seen); it
+    # blocks when that voice is also loud: its median level within this many dB of the speaker's
+    warn_voice_under_fraction: float = 0.08
+    block_voice_under_level_db: float = -28.0
+    # spoken consent between rooms: a refused recording that sounds like another room or microphone
+    # than the uploads and comes within this much of the limit is refused as "unsure: record where the
+    # uploads were made", not as another person (espeak-ng across sox rooms and mics: 120 of 141
+    # genuine refusals fall in it, and 220 of 1,372 other voices, refused all the same)
+    consent_room_band: float = 0.16
     # silences: share of a file, and one gap (they are trimmed: said as `fixed`)
     warn_silence_fraction: float = 0.40
     long_gap_s: float = 10.0

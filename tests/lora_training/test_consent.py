@@ -247,3 +247,21 @@ def test_a_job_whose_consent_is_another_voice_fails_before_training(takes, train
     assert not err.value.retryable
     assert [state for state, _ in reporter.states] == ["preprocessing"]  # never encoded or trained
     assert not any(store.iterdir())
+
+
+def test_the_uploads_voice_read_in_a_reverberant_room_is_refused_as_unsure_not_as_someone_else(tmp_path, clips,
+                                                                                                models, voice):
+    """Issue 34 item 4, end to end: the dry uploads' own voice reading the consent in a reverberant
+    room (sox reverb) was refused with "the person whose voice is cloned must read the consent
+    phrase themselves". It is still refused (the bar is unchanged), in words about the room."""
+    import subprocess
+
+    asr, encoder = models
+    dry = recording(tmp_path, UPLOADER, PHRASE)
+    hall = tmp_path / "consent-hall.wav"
+    subprocess.run(["sox", "-D", str(dry), str(hall), "reverb", "60"], check=True, capture_output=True)
+    with pytest.raises(ConsentError) as err:
+        check_consent(hall, PHRASE, clips, DataParams(), asr=asr, encoder=encoder, voice=voice)
+    assert err.value.check.speaker.verdict == "other_room", err.value.check
+    assert "another room or microphone" in err.value.message and "echoes more" in err.value.message
+    assert "themselves" not in err.value.message
