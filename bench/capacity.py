@@ -5,13 +5,13 @@ One real `voicering worker` process (engine + codec + websocket server; FP8 weig
 by default on CUDA) and real websocket clients (`WorkerClient`, up to ``CONN_STREAMS`` streams per
 connection). Concurrency ramps through ``levels`` (CUDA: 1, 8, 16, ..., 512; CPU: 1, 2, 4) until a
 level fails (a stream errors, or fewer than ``stop_below`` of its streams play without underruns).
-In a level every stream speaks one utterance of ``frames`` frames; starts are spread evenly over
+In a level every stream speaks one context of ``frames`` frames; starts are spread evenly over
 ``stagger_s`` (arrivals, not one burst). Each stream is a LoRA voice drawn round-robin from a pool
 larger than ``max_loras`` (so adapters swap in the engine's slots and CPU cache), every
 ``base_every``-th stream the base model.
 
 Per stream: TTFB (start sent -> first chunk at the client), the worker's tokens/s (tokens over the
-utterance's wall time) and the playout through a 100 ms jitter buffer (`bench.playout`: an
+context's wall time) and the playout through a 100 ms jitter buffer (`bench.playout`: an
 underrun is a chunk that arrives after the audio before it finished playing). Per level: TTFB
 p50/p90/p99, tokens/s per stream and in total, codec batch sizes and decode ms (the worker's
 /metrics histograms, scraped before and after the level), adapter loads, the underrun-free share.
@@ -75,7 +75,7 @@ class CapacityOptions:
     max_cpu_loras: int
     pool: int  # LoRA voices streams draw from (> max_loras)
     base_every: int = 8  # every n-th stream speaks with the base model
-    frames: int = 12  # frames per utterance (85.3 ms each)
+    frames: int = 12  # frames per context (85.3 ms each)
     stagger_s: float = 1.0  # a level's starts are spread evenly over this
     ratio_batch: int = 10
     ratio_rounds: int = 2
@@ -89,8 +89,8 @@ class CapacityOptions:
 
     @classmethod
     def for_device(cls, cuda: bool, **overrides: object) -> CapacityOptions:
-        """CUDA: FP8, 16 LoRA slots, a 24-voice pool, the full ramp, 6 s utterances, stop once under
-        half real time. CPU: no FP8, 2 slots, 4 voices, 1, 2, 4 streams, 1 s utterances, every 4th
+        """CUDA: FP8, 16 LoRA slots, a 24-voice pool, the full ramp, 6 s contexts, stop once under
+        half real time. CPU: no FP8, 2 slots, 4 voices, 1, 2, 4 streams, 1 s contexts, every 4th
         stream the base model (so the short ramp has one)."""
         if cuda:
             base = cls(levels=GPU_LEVELS, max_loras=16, max_cpu_loras=32, pool=24, frames=70, quantization="fp8",
@@ -230,7 +230,7 @@ async def _scrape(worker) -> dict:
 
 
 async def _stream(client, voice: str, lora: bool, options, delay_s: float, timeout_s: float) -> StreamResult:
-    from gpu_worker.client import WorkerConnectionLost, WorkerRequestError
+    from gpu_worker.client.connection import WorkerConnectionLost, WorkerRequestError
 
     result = StreamResult(voice, lora)
     await asyncio.sleep(delay_s)
@@ -259,14 +259,14 @@ async def _stream(client, voice: str, lora: bool, options, delay_s: float, timeo
 async def _streams(worker, plan: Sequence[tuple[str, bool]], opts: CapacityOptions, seed: int,
                    stagger_s: float) -> tuple[list[StreamResult], float]:
     """Run one set of streams at once over ceil(n / CONN_STREAMS) fresh connections."""
-    from gpu_worker.client import WorkerClient
-    from gpu_worker.protocol import UtteranceOptions
+    from gpu_worker.client.connection import WorkerClient
+    from gpu_worker.protocol import ContextOptions
 
     clients = [await WorkerClient.connect(worker.url) for _ in range(math.ceil(len(plan) / CONN_STREAMS))]
     try:
         began = time.perf_counter()
         results = await asyncio.gather(*(
-            _stream(clients[i % len(clients)], voice, lora, UtteranceOptions(max_tokens=opts.max_tokens, seed=seed + i),
+            _stream(clients[i % len(clients)], voice, lora, ContextOptions(max_tokens=opts.max_tokens, seed=seed + i),
                     stagger_s * i / len(plan), opts.stream_timeout_s)
             for i, (voice, lora) in enumerate(plan)))
         wall = time.perf_counter() - began
@@ -307,12 +307,12 @@ async def _ratio(worker, pool: Sequence[str], opts: CapacityOptions) -> dict:
 
 
 async def _measure(worker, pool: Sequence[str], opts: CapacityOptions) -> dict:
-    from gpu_worker.protocol import UtteranceOptions
-    from gpu_worker.client import WorkerClient
+    from gpu_worker.protocol import ContextOptions
+    from gpu_worker.client.connection import WorkerClient
 
     async with await WorkerClient.connect(worker.url) as client:  # warm-up: base model and one adapter
         for voice in (BASE_VOICE, pool[0]):
-            await client.say(voice, TEXT, options=UtteranceOptions(max_tokens=7 * 4 + 1, seed=1))
+            await client.say(voice, TEXT, options=ContextOptions(max_tokens=7 * 4 + 1, seed=1))
     levels: list[dict] = []
     for k, streams in enumerate(opts.levels):
         level = await _level(worker, plan_level(streams, pool, opts.base_every, offset=k), opts, seed=1000 * (k + 1))

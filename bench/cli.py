@@ -86,7 +86,7 @@ def ring(as_json: bool = typer.Option(False, "--json", help="Print one JSON obje
 @app.command("proxy")
 def proxy(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    rounds: int = typer.Option(10, help="Direct and proxied utterances, one of each per round."),
+    rounds: int = typer.Option(10, help="Direct and proxied contexts, one of each per round."),
 ) -> None:
     """Two real workers in one ring: TTFB direct vs relayed, time a chunk spends in the relay, warm
     dials, and failover after SIGKILL of the owner."""
@@ -131,7 +131,7 @@ def burst(
 @app.command("gateway")
 def gateway(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    rounds: int = typer.Option(8, help="Rounds of direct, http pcm/mp3/opus and websocket utterances."),
+    rounds: int = typer.Option(8, help="Rounds of direct, http pcm/mp3/opus and websocket contexts."),
     concurrent: int = typer.Option(32, help="Streaming speech requests at once."),
 ) -> None:
     """A real gateway in front of a real worker: TTFB it adds per format and over the websocket,
@@ -144,7 +144,7 @@ def gateway(
 @app.command("livekit")
 def livekit(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    rounds: int = typer.Option(10, help="Plugin and direct utterances, one of each per round."),
+    rounds: int = typer.Option(10, help="Plugin and direct contexts, one of each per round."),
     quick: bool = typer.Option(False, "--quick", help="One round, one streamed reply, one interruption, 10 turns: "
                                                       "a smoke run (the suite's), figures not comparable."),
 ) -> None:
@@ -184,7 +184,7 @@ def capacity(
     max_cpu_loras: int | None = typer.Option(None, "--max-cpu-loras", min=1, help="Adapters in the engine's CPU cache."),
     pool: int | None = typer.Option(None, "--pool", min=1, help="Stand-in LoRA voices streams draw from (CUDA 24, CPU 4)."),
     base_every: int | None = typer.Option(None, "--base-every", min=0, help="Every n-th stream uses the base model (0: none)."),
-    frames: int | None = typer.Option(None, "--frames", min=2, help="Frames (85.3 ms) per utterance (CUDA 70, CPU 12)."),
+    frames: int | None = typer.Option(None, "--frames", min=2, help="Frames (85.3 ms) per context (CUDA 70, CPU 12)."),
     stagger_s: float | None = typer.Option(None, "--stagger-s", min=0.0, help="A level's starts spread over this."),
     ratio_rounds: int | None = typer.Option(None, "--ratio-rounds", min=1, help="Rounds of LoRA vs base at batch 10."),
     stop_below: float | None = typer.Option(None, "--stop-below", min=0.0, max=1.0,

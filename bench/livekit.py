@@ -3,7 +3,7 @@
 plugin adds to first audio, whether the first sentence is heard before the LLM has finished, how
 fast an interruption silences the worker, and whether turns reuse one socket.
 
-- **TTFB, plugin vs direct** (same worker, voice, text, seed and run): per round one utterance
+- **TTFB, plugin vs direct** (same worker, voice, text, seed and run): per round one context
   through the plugin (`TTS.stream()`: text pushed, `end_input`, first `SynthesizedAudio` out of the
   framework) and one straight to the worker with `WorkerClient`, sending the very messages the
   plugin sends (start with the text, the held-back end mark, end) and timed from the start sent to
@@ -14,7 +14,7 @@ fast an interruption silences the worker, and whether turns reuse one socket.
   `STREAM_S` (2 s) as an LLM would stream it. `first_sentence_ttfb_ms`: first word pushed -> first
   audio frame out of the framework; `text_complete_ms`: first word -> last word pushed. Target:
   first audio before the text is complete (the median of `first_sentence_rounds` turns).
-- **Interruption**: a long utterance streams; after its first frames the stream is `aclose()`d (what
+- **Interruption**: a long context streams; after its first frames the stream is `aclose()`d (what
   the agent does on barge-in); `interrupt_to_silence_ms` runs from that call to the worker's
   /health showing no active stream and no engine request (polled back to back from a thread, ~1-3
   ms per poll on loopback). `frames_after_interrupt`: frames the closed stream yielded afterwards.
@@ -81,7 +81,7 @@ def _words(text: str) -> list[str]:
 
 
 async def _direct(client, text: str, options) -> float:
-    """TTFB (ms) of one utterance straight to the worker, sent as the plugin sends it."""
+    """TTFB (ms) of one context straight to the worker, sent as the plugin sends it."""
     from gateway.livekit.sentences import SentenceSplitter
 
     splitter = SentenceSplitter()
@@ -99,7 +99,7 @@ async def _direct(client, text: str, options) -> float:
 
 
 async def _plugin(plugin, text: str) -> tuple[float, float]:
-    """One utterance through the plugin: TTFB (ms, text in -> first frame out of the framework) and
+    """One context through the plugin: TTFB (ms, text in -> first frame out of the framework) and
     the plugin's own share of it (ms: text in -> the pool asked to start, plus the pool's first
     chunk handed over -> that frame out of the framework)."""
     stream = plugin.stream()
@@ -112,8 +112,8 @@ async def _plugin(plugin, text: str) -> tuple[float, float]:
             first = time.perf_counter()
     await stream.aclose()
     assert first is not None, "the plugin yielded no audio"
-    utterance = plugin.transport.opened[-1].utterance
-    own = (utterance.started_at - began) + (first - utterance.first_audio_at)
+    context = plugin.transport.opened[-1].context
+    own = (context.started_at - began) + (first - context.first_audio_at)
     return (first - began) * 1000.0, own * 1000.0
 
 
@@ -167,7 +167,7 @@ def _recording_transport():
     from gateway.livekit.transport import Opened, PoolTransport
 
     class Recorded(PoolTransport):
-        """The plugin's own transport, keeping each utterance it opens (the bench reads their clocks)."""
+        """The plugin's own transport, keeping each context it opens (the bench reads their clocks)."""
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
@@ -186,8 +186,8 @@ async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sente
     from livekit.agents.metrics import TTSMetrics
 
     from gateway.livekit import TTS
-    from gpu_worker.client import WorkerClient
-    from gpu_worker.protocol import UtteranceOptions
+    from gpu_worker.client.connection import WorkerClient
+    from gpu_worker.protocol import ContextOptions
     from hashring.membership import RingWatcher
     from hashring.settings import RingSettings
     from hashring.store import RingStore
@@ -196,7 +196,7 @@ async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sente
     async with RingStore(settings) as store, RingWatcher(store) as watcher:
         await watcher.wait_for(lambda v: WORKER_ID in v.ring, timeout=60)
     transport = _recording_transport().ring(redis_url, settings=settings)
-    plugin = TTS(voice=VOICE, transport=transport, options=UtteranceOptions(max_tokens=43))
+    plugin = TTS(voice=VOICE, transport=transport, options=ContextOptions(max_tokens=43))
     metrics: list[TTSMetrics] = []
     plugin.on("metrics_collected", metrics.append)
     figures: dict = {}
@@ -204,7 +204,7 @@ async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sente
         await plugin.warm()
         async with await WorkerClient.connect(worker.url) as client:
             for r in range(-2, rounds):  # two warm-up rounds
-                options = UtteranceOptions(max_tokens=43, seed=100 + r)
+                options = ContextOptions(max_tokens=43, seed=100 + r)
                 plugin.update_options(options=options)
                 sides = {"plugin": lambda: _plugin(plugin, TEXT), "direct": lambda: _direct(client, TEXT, options)}
                 order = ["plugin", "direct"] if r % 2 == 0 else ["direct", "plugin"]
@@ -215,13 +215,13 @@ async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sente
                     figures.setdefault("direct", []).append(result["direct"])
         measured_metrics = metrics[-rounds:]
 
-        plugin.update_options(options=UtteranceOptions(max_tokens=43, seed=7))
+        plugin.update_options(options=ContextOptions(max_tokens=43, seed=7))
         replies = [await _streamed_reply(plugin) for _ in range(first_sentence_rounds)]
 
-        plugin.update_options(options=UtteranceOptions(max_tokens=7 * 120 + 1, seed=8))
+        plugin.update_options(options=ContextOptions(max_tokens=7 * 120 + 1, seed=8))
         cuts = [await _interrupt(plugin, worker.http) for _ in range(interrupts)]
 
-        plugin.update_options(options=UtteranceOptions(max_tokens=15, seed=9))
+        plugin.update_options(options=ContextOptions(max_tokens=15, seed=9))
         pool = plugin.transport.pool
         handshakes_before = pool.handshakes
         failed, errors = 0, []

@@ -3,7 +3,7 @@ whether warm relays dial, and how fast a dead owner's voice is served again.
 
 Two workers (A, the entry; B, the owner) join one ring in an embedded Redis with the stand-in
 weights and one shared voice store; the voice measured is one that placement gives to B alone.
-After a warm-up, ``rounds`` rounds each speak one utterance straight to B ("direct") and one
+After a warm-up, ``rounds`` rounds each speak one context straight to B ("direct") and one
 through A ("proxied", A relays it to B over its pool link), which goes first alternating by round.
 
 - **TTFB** is the client's: start sent -> first audio chunk received, on loopback.
@@ -15,7 +15,7 @@ through A ("proxied", A relays it to B over its pool link), which goes first alt
   on B and in the kernel. Quantiles are interpolated inside buckets as Prometheus'
   ``histogram_quantile`` does; the targets (1 ms, 5 ms) are bucket edges, so pass/fail is exact.
   A p99 over fewer than 100 chunks is only the slowest chunk: after the paired rounds, more
-  proxied utterances (``max_extra_relayed``) are spoken until the histogram holds
+  proxied contexts (``max_extra_relayed``) are spoken until the histogram holds
   ``MIN_RELAY_CHUNKS``, and ``relay_chunks`` >= 100 is itself a target.
 - **The entry runs at ``ENTRY_NICE``** (-10, when the bench may set it): where the slow chunks'
   time went (issue 20) was not the relay's own work (~0.15 ms of CPU a chunk) nor GC, but A's
@@ -23,14 +23,14 @@ through A ("proxied", A relays it to B over its pool link), which goes first alt
   filled the two cores (load 6-7). A real entry worker has cores of its own; the bench gives A
   priority over the rest of the box so the figure is the relay's, and reports ``entry_nice``
   (None: not permitted, the figure then includes the box's load). See docs/benchmarks.md.
-- **handshakes_per_utterance_warm**: TCP connections to B's port that appear in the kernel's
+- **handshakes_per_context_warm**: TCP connections to B's port that appear in the kernel's
   table (/proc/net/tcp, both ends of loopback connections, TIME_WAIT included) during the
-  measured rounds, per proxied utterance. Only A's pool connects to B then (the direct client is
+  measured rounds, per proxied context. Only A's pool connects to B then (the direct client is
   open before, and the bench does not probe B in between), so each new one is a pool dial.
-- **Failover**: a long proxied utterance streams; at its first audio B's process group gets
+- **Failover**: a long proxied context streams; at its first audio B's process group gets
   SIGKILL; new requests for B's voice go through A until one returns audio (``failover_s``: kill
   -> that first audio), then ``after_requests`` more, and ``failed_after_failover`` counts those
-  that fail. The utterance that was streaming is classified by how it ended.
+  that fail. The context that was streaming is classified by how it ended.
 - **lost_audio_contexts**: every context of the run that ended with neither a clean `done` nor
   `worker_lost` / a retryable error (another error, the entry's connection lost, or no end within
   ``REQUEST_TIMEOUT_S``).
@@ -67,7 +67,7 @@ TARGETS = {  # figure: (comparison, bound)
     "relay_added_ms_p50": ("<=", 1.0),
     "relay_added_ms_p99": ("<=", 5.0),
     "relay_chunks": (">=", MIN_RELAY_CHUNKS),
-    "handshakes_per_utterance_warm": ("==", 0),
+    "handshakes_per_context_warm": ("==", 0),
     "failover_s": ("<=", 2.0),
     "failed_after_failover": ("==", 0),
     "lost_audio_contexts": ("==", 0),
@@ -198,8 +198,8 @@ def get_text(url: str) -> str:
 
 
 async def speak_once(client, voice: str, text: str, options, *, timeout: float = REQUEST_TIMEOUT_S) -> dict:
-    """One utterance to the end, never raising: its client TTFB, who served it and how it ended."""
-    from gpu_worker.client import WorkerConnectionLost, WorkerRequestError
+    """One context to the end, never raising: its client TTFB, who served it and how it ended."""
+    from gpu_worker.client.connection import WorkerConnectionLost, WorkerRequestError
 
     stream = None
     try:
@@ -225,8 +225,8 @@ async def speak_once(client, voice: str, text: str, options, *, timeout: float =
 
 async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: int, after_requests: int,
                    max_extra_relayed: int = 40) -> dict:
-    from gpu_worker.client import WorkerClient
-    from gpu_worker.protocol import UtteranceOptions
+    from gpu_worker.client.connection import WorkerClient
+    from gpu_worker.protocol import ContextOptions
     from hashring.membership import RingWatcher
     from hashring.placement import place
     from hashring.settings import RingSettings
@@ -241,7 +241,7 @@ async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: i
     own_a = next(v for v, o in owners.items() if IDS[0] in o)
     b_port = int(b.url.rsplit(":", 1)[1])
     endings: list[Ending] = []
-    short = UtteranceOptions(max_tokens=15, seed=1)
+    short = ContextOptions(max_tokens=15, seed=1)
     async with await WorkerClient.connect(b.url) as direct, await WorkerClient.connect(a.url) as entry:
         sides = {"direct": direct, "proxied": entry}
         warm = [await speak_once(entry, own_a, TEXT, short)]  # A's own engine, as it would serve its own voices
@@ -255,31 +255,31 @@ async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: i
         for r in range(rounds):
             order = list(sides) if r % 2 == 0 else list(sides)[::-1]
             for side in order:
-                result = await speak_once(sides[side], voice, TEXT, UtteranceOptions(max_tokens=max_tokens, seed=r))
+                result = await speak_once(sides[side], voice, TEXT, ContextOptions(max_tokens=max_tokens, seed=r))
                 seen[side].append(result)
                 endings.append(result["ending"])
                 ports_seen |= client_ports(_tcp_table(), b_port)
         relay = parse_histogram(await asyncio.to_thread(get_text, f"{a.http}/metrics")).since(relay_before)
         extra = 0
         while relay.count < MIN_RELAY_CHUNKS and extra < max_extra_relayed:  # enough chunks for a real p99
-            result = await speak_once(entry, voice, TEXT, UtteranceOptions(max_tokens=max_tokens, seed=100 + extra))
+            result = await speak_once(entry, voice, TEXT, ContextOptions(max_tokens=max_tokens, seed=100 + extra))
             endings.append(result["ending"])
             ports_seen |= client_ports(_tcp_table(), b_port)
             extra += 1
             relay = parse_histogram(await asyncio.to_thread(get_text, f"{a.http}/metrics")).since(relay_before)
         new_links = ports_seen - ports_before
 
-        # -- failover: SIGKILL B while A relays one of its utterances --------------------------------
+        # -- failover: SIGKILL B while A relays one of its contexts --------------------------------
         long = await entry.start(voice, "This one is cut off when its owner dies.",
-                                 options=UtteranceOptions(max_tokens=3000, seed=3))
+                                 options=ContextOptions(max_tokens=3000, seed=3))
         await long.end()
         chunks = long.audio()
         killed_at = None
 
         async def follow_long() -> Ending:
-            """Kill B at the long utterance's first audio, then read that utterance to its end."""
+            """Kill B at the long context's first audio, then read that context to its end."""
             nonlocal killed_at
-            from gpu_worker.client import WorkerConnectionLost, WorkerRequestError
+            from gpu_worker.client.connection import WorkerConnectionLost, WorkerRequestError
             try:
                 async with asyncio.timeout(REQUEST_TIMEOUT_S):
                     async for _ in chunks:
@@ -311,7 +311,7 @@ async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: i
                     failover_request = result
                     break
                 before_first.append(result)
-            after = [await speak_once(entry, voice, TEXT, UtteranceOptions(max_tokens=15, seed=10 + i))
+            after = [await speak_once(entry, voice, TEXT, ContextOptions(max_tokens=15, seed=10 + i))
                      for i in range(after_requests if failover_s is not None else 0)]
             endings += [r["ending"] for r in after]
         finally:
@@ -326,7 +326,7 @@ async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: i
 
     pairs = [p["ttfb_ms"] - d["ttfb_ms"] for d, p in zip(seen["direct"], seen["proxied"], strict=True)
              if p["ttfb_ms"] is not None and d["ttfb_ms"] is not None]
-    proxied_utterances = len(seen["proxied"])
+    proxied_contexts = len(seen["proxied"])
     return {
         "voice": voice,
         "direct_ttfb_ms_p50": spread(ttfbs("direct"))["median"] if ttfbs("direct") else None,
@@ -340,15 +340,15 @@ async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: i
         "relay_added_ms_p99": ms(quantile(relay.buckets, 0.99)),
         "relay_added_ms_mean": ms(relay.mean),
         "relay_chunks": int(relay.count),
-        "extra_relayed_utterances": extra,
+        "extra_relayed_contexts": extra,
         "relay_share_within_1ms": share_within(relay.buckets, 0.001),
         "relay_share_within_5ms": share_within(relay.buckets, 0.005),
         "relay_buckets_ms_cumulative": [[f"{edge * 1000:g}", int(c)] for edge, c in relay.buckets],  # le, count
         "served_as_expected": all(r["served_by"] == IDS[1] and r["proxied"] is (side == "proxied")
                                   for side in seen for r in seen[side]),
         "handshakes_warm": len(new_links),
-        "proxied_utterances_warm": proxied_utterances + extra,
-        "handshakes_per_utterance_warm": len(new_links) / (proxied_utterances + extra) if proxied_utterances else None,
+        "proxied_contexts_warm": proxied_contexts + extra,
+        "handshakes_per_context_warm": len(new_links) / (proxied_contexts + extra) if proxied_contexts else None,
         "failover_s": None if failover_s is None else round(failover_s, 3),
         "failover_served_by": failover_request["served_by"] if failover_request else None,
         "failed_before_failover": len(before_first),

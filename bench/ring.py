@@ -63,8 +63,8 @@ from typing import Literal
 
 import numpy as np
 
-from gpu_worker.pool import PoolSettings
-from gpu_worker.routers import HELD_VOICES
+from gpu_worker.client import PoolSettings
+from gpu_worker.client.routers import HELD_VOICES
 from hashring.choice import OWNER_TRIES, OwnLoad, order
 from hashring.ring import Ring
 from hashring.settings import RingSettings
@@ -212,7 +212,7 @@ class _Router:
 
 def share_limit(in_flight: int, fleet_others: float, workers: int, *, capacity: int, admit_factor: float,
                 insist: bool, share_floor: float = SHARE_FLOOR) -> int:
-    """Streams a worker holds at most after admitting one more (gpu_worker.server `fleet_share`):
+    """Streams a worker holds at most after admitting one more (gpu_worker.admission `fleet_share`):
     min(capacity, max(ceil(admit_factor × fleet_mean), floor)), fleet_mean = (the others' loads in
     its view + its own exact in_flight + 1) / workers, floor = `share_floor_streams(capacity,
     share_floor)`; an insisting start meets only the capacity."""

@@ -15,7 +15,7 @@ to the slot's 4,097 candidates. "Mixed LoRA" streams alternate over ``max_loras`
 batch holds as many adapters as the engine has slots.
 
 TTFB goes through the worker as `voicering worker` builds it (the same session defaults, codec
-runner policy and head-silence gate, which is on by default); each round speaks one utterance with
+runner policy and head-silence gate, which is on by default); each round speaks one context with
 the default (gate on) and one with the gate off, in alternating order, after a warm-up pair.
 
 Every figure with a target is judged in ``targets_met`` (true = met).
@@ -149,16 +149,16 @@ async def _cycle(engine, store, max_tokens: int) -> dict:
 
 
 async def _ttfb(engine, codec, store, stand_in, rounds: int) -> dict:
-    """Whole path, built as `run_worker` builds it: websocket -> utterance -> engine -> frames ->
-    codec -> head-silence gate -> first PCM at the client. Per round one utterance with the
+    """Whole path, built as `run_worker` builds it: websocket -> context -> engine -> frames ->
+    codec -> head-silence gate -> first PCM at the client. Per round one context with the
     worker's default (gate on) and one with ``trim_silence=False``, alternating which goes first."""
     from gpu_worker.adapters import AdapterCache
-    from gpu_worker.client import WorkerClient
+    from gpu_worker.client.connection import WorkerClient
     from gpu_worker.metrics import WorkerMetrics
-    from gpu_worker.protocol import UtteranceOptions
+    from gpu_worker.protocol import ContextOptions
     from gpu_worker.scheduler import make_decode_runner
     from gpu_worker.server import WorkerServer
-    from gpu_worker.session import SessionDeps
+    from gpu_worker.context import ContextDeps
     from gpu_worker.settings import WorkerSettings
     from gpu_worker.worker import context_limits, sampling_defaults, trim_factory
 
@@ -169,20 +169,20 @@ async def _ttfb(engine, codec, store, stand_in, rounds: int) -> dict:
                               max_loras=MAX_LORAS, max_cpu_loras=MAX_CPU_LORAS, log_format="text")
     metrics = WorkerMetrics()
     runner = make_decode_runner(codec, settings.codec_policy, metrics=metrics)
-    deps = SessionDeps(engine, runner, sampling_defaults(settings), context_limits(settings),
+    deps = ContextDeps(engine, runner, sampling_defaults(settings), context_limits(settings),
                        trim_factory=trim_factory(settings),
                        adapters=AdapterCache(store, engine.load_adapter, max(settings.max_cpu_loras, MAX_LORAS), metrics),
                        metrics=metrics)
     server = WorkerServer(settings, deps)
     ws_server = await server.serve()
-    sides = {"default": None, "trim_off": False}  # UtteranceOptions.trim_silence
+    sides = {"default": None, "trim_off": False}  # ContextOptions.trim_silence
     seen: dict[str, dict[str, list[float]]] = {side: {"client": [], "worker": [], "rtf": [], "dropped": []} for side in sides}
     try:
         async with await WorkerClient.connect(f"ws://127.0.0.1:{port}") as client:
             for r in range(rounds + 1):  # round 0 warms both sides
                 for side in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
                     speech = await client.say(("tara", "leo")[r % 2], "Hello there, how are you?",
-                                              options=UtteranceOptions(max_tokens=7 * 6 + 1, seed=r, trim_silence=sides[side]))
+                                              options=ContextOptions(max_tokens=7 * 6 + 1, seed=r, trim_silence=sides[side]))
                     if r == 0:
                         continue
                     seen[side]["client"].append(speech.client_ttfb_ms)
@@ -202,7 +202,7 @@ async def _ttfb(engine, codec, store, stand_in, rounds: int) -> dict:
             "ttfb_trim_off_ms_p50": _percentile(off["client"], 50), "ttfb_trim_off_ms_p90": _percentile(off["client"], 90),
             "ttfb_trim_off_ms_spread": _spread(off["client"], 1),
             "ttfb_trim_on_minus_off_ms_p50": round(statistics.median(a - b for a, b in zip(on["client"], off["client"], strict=True)), 1),
-            "ttfb_utterances_per_side": rounds, "ttfb_trim_default": settings.trim_silence}
+            "ttfb_contexts_per_side": rounds, "ttfb_trim_default": settings.trim_silence}
 
 
 def _sampler_step_ms(rounds: int = 5, steps: int = 10) -> dict:

@@ -41,7 +41,7 @@ def worker(
     worker_id: str | None = typer.Option(None),
     quantization: str | None = typer.Option(None, help="auto (fp8 on CUDA), fp8, none."),
     max_loras: int | None = typer.Option(None, help="Adapters resident in the engine at once."),
-    max_streams: int | None = typer.Option(None, help="Concurrent utterances before 'busy'."),
+    max_streams: int | None = typer.Option(None, help="Concurrent contexts before 'busy'."),
     constraint: str | None = typer.Option(None, help="Slot-constrained sampling: fused, mask, off."),
     max_cpu_loras: int | None = typer.Option(None, help="Adapters kept in the engine's CPU cache (LRU)."),
     max_lora_rank: int | None = typer.Option(None, help="Largest adapter rank this worker accepts."),
@@ -99,14 +99,14 @@ def say(
     out: Path = typer.Option(Path("out.wav"), "-o", "--out", help="WAV file to write (24 kHz mono 16-bit)."),
     seed: int | None = typer.Option(None, help="Sampling seed, for reproducible output."),
 ) -> None:
-    """Stream one utterance from a worker into a WAV file; print TTFB and real-time factor."""
-    from gpu_worker.client import WorkerClient, WorkerConnectionLost, WorkerRequestError
-    from gpu_worker.protocol import UtteranceOptions
+    """Stream one context from a worker into a WAV file; print TTFB and real-time factor."""
+    from gpu_worker.client.connection import WorkerClient, WorkerConnectionLost, WorkerRequestError
+    from gpu_worker.protocol import ContextOptions
     from gpu_worker.wav import write_wav
 
     async def run() -> None:
         async with await WorkerClient.connect(worker_url) as client:
-            speech = await client.say(voice, text, options=UtteranceOptions(seed=seed))
+            speech = await client.say(voice, text, options=ContextOptions(seed=seed))
         write_wav(out, speech.pcm)
         s = speech.done.stats
         typer.echo(f"{out}: {s.audio_s:.2f} s audio, TTFB {speech.client_ttfb_ms:.0f} ms (worker {s.ttfb_ms} ms), "

@@ -18,10 +18,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 from gpu_worker.adapters import AdapterCache
-from gpu_worker.ownership import OwnershipWarmer, heat_rates
-from gpu_worker.pool import PoolSettings, WorkerPool
+from gpu_worker.placement_prewarm import OwnershipWarmer, heat_rates
+from gpu_worker.client import PoolSettings, WorkerPool, ring_pool
 from gpu_worker.proxy import Forwarder
-from gpu_worker.routers import RingRouter
 from gpu_worker.settings import WorkerSettings
 from hashring.errors import RingError
 from hashring.membership import Heartbeat, RingWatcher
@@ -68,11 +67,11 @@ async def join_cluster(settings: WorkerSettings, load: Callable[[], int],
         store = await stack.enter_async_context(RingStore(ring_settings))
         heartbeat = await stack.enter_async_context(Heartbeat(
             store, worker_info(settings), load=load, resident=None if adapters is None else lambda: adapters.resident))
-        watcher = await stack.enter_async_context(RingWatcher(store))
-        pool = await stack.enter_async_context(
-            WorkerPool(RingRouter(watcher, ring_settings), PoolSettings(address="proxy_url", token=settings.cluster_token,
-                                                               # the inner hop stalls out before the caller's pool (30 s) does
-                                                               stall_timeout_s=settings.relay_timeout_s)))
+        ring = await stack.enter_async_context(ring_pool(
+            ring_settings, PoolSettings(address="proxy_url", token=settings.cluster_token,
+                                        # the inner hop stalls out before the caller's pool (30 s) does
+                                        stall_timeout_s=settings.relay_timeout_s), store=store))
+        watcher, pool = ring.watcher, ring.pool
         warmer = None
         if adapters is not None and settings.ring_prewarm_max != 0:
             cap = settings.ring_prewarm_max or max(1, adapters.capacity // 2)  # never flush what it serves now

@@ -7,7 +7,7 @@ so codec work per emitted second falls; the final flush emits every remaining fr
 SNAC's NoiseBlock draws fresh noise on every call, so two decodes of the same codes differ. We
 replace it with noise indexed by *absolute* sample position (a fixed table per codec, a per-stream
 offset from the stream's seed): a window decoded at any offset sees the same noise the offline
-decode of the whole utterance sees, so streamed audio matches offline audio.
+decode of the whole context sees, so streamed audio matches offline audio.
 """
 
 from __future__ import annotations

@@ -79,6 +79,11 @@ class EngineSettings:
     cpu_kv_cache_gib: int = 2
     enforce_eager: bool | None = None  # None: eager on CPU, graphs on CUDA
     seed: int = 0
+    # vLLM runs its model worker in a process of its own beside the engine core (three processes
+    # with ours). False runs it inside the engine core ("uni" executor): one process, one import
+    # of torch and vLLM, ~2 GB less, a start ~30 % shorter on CPU; vLLM's CPU default keeps them
+    # apart so that it can bind OpenMP threads to cores, which a serving CPU worker wants.
+    separate_model_process: bool = True
 
     def fp8(self) -> bool:
         if self.quantization == "auto":
@@ -88,7 +93,7 @@ class EngineSettings:
 
 @dataclass(frozen=True, slots=True)
 class SamplingOptions:
-    """Per-utterance sampling; field defaults are the Orpheus reference (`orpheus.REFERENCE_SAMPLING`)."""
+    """Per-context sampling; field defaults are the Orpheus reference (`orpheus.REFERENCE_SAMPLING`)."""
 
     temperature: float = REFERENCE_SAMPLING.temperature
     top_p: float = REFERENCE_SAMPLING.top_p
@@ -142,6 +147,8 @@ class SpeechEngine:
         cuda = cuda_available()
         if not cuda:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_cache_gib))
+        if not settings.separate_model_process:  # vLLM's CPU platform keeps "uni" only with this off
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         else:
             os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # our logits processor is V1-interface
         from transformers import AutoTokenizer
@@ -173,6 +180,7 @@ class SpeechEngine:
             enable_prefix_caching=False,
             seed=settings.seed,
             logits_processors=[SlotConstrainedSampler],
+            distributed_executor_backend=None if settings.separate_model_process else "uni",
         )
         llm = AsyncLLM.from_engine_args(args)
         tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or settings.model, revision=settings.revision)

@@ -35,16 +35,16 @@ class WorkerMetrics:
         r = self.registry
         self.ttfb_seconds = Histogram(f"{PREFIX}_ttfb_seconds", "First text segment queued -> first audio handed to the socket",
                                       buckets=_LATENCY_BUCKETS, registry=r)
-        self.rtf = Histogram(f"{PREFIX}_real_time_factor", "Wall seconds per audio second per utterance (< 1 is faster than real time)",
+        self.rtf = Histogram(f"{PREFIX}_real_time_factor", "Wall seconds per audio second per context (< 1 is faster than real time)",
                              buckets=_RTF_BUCKETS, registry=r)
         self.stream_tokens_per_second = Histogram(f"{PREFIX}_stream_tokens_per_second",
-                                                  "Generated tokens per second per utterance (real time needs ~83)",
+                                                  "Generated tokens per second per context (real time needs ~83)",
                                                   buckets=_RATE_BUCKETS, registry=r)
         self.tokens = Counter(f"{PREFIX}_tokens", "Tokens generated", registry=r)
         self.invalid_tokens = Counter(f"{PREFIX}_invalid_tokens", "Generated ids that were not a valid code for their slot",
                                       registry=r)
         self.audio_seconds = Counter(f"{PREFIX}_audio_seconds", "Audio seconds streamed", registry=r)
-        self.utterances = Counter(f"{PREFIX}_utterances", "Utterances by outcome (completed, cancelled or an error code)",
+        self.contexts = Counter(f"{PREFIX}_contexts", "Contexts by outcome (completed, cancelled or an error code)",
                                   ["outcome"], registry=r)
         self.rejected = Counter(f"{PREFIX}_rejected", "Streams refused or cut: busy (at capacity: max_streams or the relay "
                                 "limit), share (over this worker's share of the fleet's load), connection_limit, "
@@ -56,11 +56,11 @@ class WorkerMetrics:
                                        "the owner's link -> re-tagged and queued to the caller's connection outbox "
                                        "(the outbox wait and the socket write are not in it)",
                                        buckets=_RELAY_BUCKETS, registry=r)
-        self.proxied = Counter(f"{PREFIX}_proxied", "Utterances relayed to the voice's owner, by outcome (completed, "
+        self.proxied = Counter(f"{PREFIX}_proxied", "Contexts relayed to the voice's owner, by outcome (completed, "
                                "cancelled or the error code)", ["outcome"], registry=r)
         self.engine_requests = Counter(f"{PREFIX}_engine_requests", "Engine requests by how they ended: end_of_speech, "
                                        "length (the token cap cut the audio short) or aborted", ["finish"], registry=r)
-        self.active_streams = Gauge(f"{PREFIX}_active_streams", "Utterances in progress", registry=r)
+        self.active_streams = Gauge(f"{PREFIX}_active_streams", "Contexts in progress", registry=r)
         self.engine_queue_depth = Gauge(f"{PREFIX}_engine_queue_depth",
                                         "Engine requests submitted that have not produced a token yet", registry=r)
         self.codec_queue_depth = Gauge(f"{PREFIX}_codec_queue_depth", "Windows waiting for the codec", registry=r)
@@ -87,10 +87,10 @@ class WorkerMetrics:
             if read is not None:
                 gauge.set_function(read)
 
-    def observe_utterance(self, *, outcome: str, ttfb_s: float | None, rtf: float | None, tokens: int,
+    def observe_context(self, *, outcome: str, ttfb_s: float | None, rtf: float | None, tokens: int,
                           invalid_tokens: int, audio_s: float, generation_s: float, requests: int = 0,
                           cut_by_length: int = 0, spoke_to_end: int = 0) -> None:
-        self.utterances.labels(outcome).inc()
+        self.contexts.labels(outcome).inc()
         for finish, count in (("end_of_speech", spoke_to_end), ("length", cut_by_length),
                               ("aborted", requests - spoke_to_end - cut_by_length)):
             if count:
@@ -114,7 +114,7 @@ _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) 
 
 class JsonLogFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, and every ``extra=`` field
-    (``context_id``, ``voice``, ...), so logs of one utterance can be joined on its context id."""
+    (``context_id``, ``voice``, ...), so logs of one context can be joined on its context id."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {"ts": round(record.created, 3), "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),

@@ -1,6 +1,6 @@
 """The worker's websocket protocol: typed messages, JSON for control, binary frames for audio.
 
-One connection multiplexes many utterances, each named by a client-chosen ``context_id``.
+One connection multiplexes many contexts, each named by a client-chosen ``context_id``.
 Schema and examples: docs/protocol.md. This module is pure (no I/O) so clients (the gateway,
 the CLI) share it with the server.
 """
@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final, Literal
 
 from gpu_worker.errors import BadMessage, BadRequest, BusyLimit
+from gpu_worker.orpheus import SAMPLE_RATE  # the audio on the wire: PCM16 mono at SNAC's 24 kHz
 from gpu_worker.trace_context import TRACEPARENT_CHARS
 from gpu_worker.trace_context import parse as parse_traceparent
 from hashring.records import MAX_VOICE_ID_BYTES  # the ring's bound; the store's grammar is checked when the voice resolves
@@ -24,7 +25,7 @@ from hashring.records import MAX_VOICE_ID_BYTES  # the ring's bound; the store's
 # only on connections whose handshake asked for >= 2, so version-1 clients get exactly the old messages.
 PROTOCOL_VERSION: Final = 2
 PROTOCOL_HEADER: Final = "x-voicering-protocol"
-# A worker also answers every handshake with the utterances one connection may hold at once, so a
+# A worker also answers every handshake with the contexts one connection may hold at once, so a
 # client knows a connection's limit instead of learning it from refusals (`connection_streams`).
 CONNECTION_STREAMS_HEADER: Final = "x-voicering-connection-streams"
 AUDIO_KIND = 0x01
@@ -39,8 +40,8 @@ _SEQ = struct.Struct(">I")
 
 
 @dataclass(frozen=True, slots=True)
-class UtteranceOptions:
-    """Per-utterance knobs a client may set; None means the worker's default."""
+class ContextOptions:
+    """Per-context knobs a client may set; None means the worker's default."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -56,7 +57,7 @@ class Start:
     context_id: str
     voice: str
     text: str = ""
-    options: UtteranceOptions = field(default_factory=UtteranceOptions)
+    options: ContextOptions = field(default_factory=ContextOptions)
     proxied_by: str | None = None  # hop marker: the entry worker that forwarded it (an owner never forwards again)
     placed: bool = False  # a ring-aware pool chose this worker: it serves the start itself, never relays it
     insist: bool = False  # (v2) the router's last try after refusals: the worker skips its fleet-share rule
@@ -97,7 +98,7 @@ ClientMessage = Start | PushText | Flush | End | Cancel
 
 
 @dataclass(frozen=True, slots=True)
-class UtteranceStats:
+class ContextStats:
     ttfb_ms: float | None = None  # first text segment queued -> first audio frame handed to the socket
     audio_s: float = 0.0
     tokens: int = 0
@@ -128,7 +129,7 @@ class Opened:
 @dataclass(frozen=True, slots=True)
 class Done:
     context_id: str
-    stats: UtteranceStats
+    stats: ContextStats
     reason: Literal["completed", "cancelled"] = "completed"
     load: int | None = None  # (v2) the streams this worker's engine speaks right after this one ended
     type: Literal["done"] = "done"
@@ -251,7 +252,7 @@ def _context_id(value: Any) -> str | None:
 def _build(cls: type, payload: dict[str, Any]) -> Any:
     names = {f.name for f in fields(cls)}
     unknown = set(payload) - names
-    what = "options" if cls is UtteranceOptions else f"'{payload.get('type')}'"
+    what = "options" if cls is ContextOptions else f"'{payload.get('type')}'"
     if unknown:
         listed = ", ".join(sorted(_shown(name) for name in unknown))
         raise BadRequest(f"unknown field(s) for {what}: {listed[:200]}")
@@ -267,7 +268,7 @@ def _shown(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _validate_options(o: UtteranceOptions) -> UtteranceOptions:
+def _validate_options(o: ContextOptions) -> ContextOptions:
     def number(name: str, value: Any, lo: float, hi: float) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi):
             raise BadRequest(f"option '{name}' must be a number in [{lo}, {hi}], got {_shown(value)}")
@@ -341,7 +342,7 @@ def _parse_payload(payload: dict[str, Any], kind: str | None, context_id: str | 
         options = payload.get("options") or {}
         if not isinstance(options, dict):
             raise BadRequest("'options' must be an object")
-        payload["options"] = _validate_options(_build(UtteranceOptions, options))
+        payload["options"] = _validate_options(_build(ContextOptions, options))
     if "text" in payload:
         text = payload["text"]
         if not isinstance(text, str):
@@ -358,7 +359,7 @@ def parse_server(raw: str) -> ServerMessage:
     cls = _SERVER_TYPES[payload["type"]]  # a worker speaks this protocol: a KeyError here is a bug, not input
     known = _known(cls, payload)
     if cls is Done:
-        known["stats"] = UtteranceStats(**_known(UtteranceStats, payload["stats"]))
+        known["stats"] = ContextStats(**_known(ContextStats, payload["stats"]))
     return cls(**known)
 
 
@@ -368,4 +369,4 @@ def _known(cls: type, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 _SERVER_FIELDS: Final[Mapping[type, frozenset[str]]] = {
-    cls: frozenset(f.name for f in fields(cls)) for cls in (*_SERVER_TYPES.values(), UtteranceStats)}
+    cls: frozenset(f.name for f in fields(cls)) for cls in (*_SERVER_TYPES.values(), ContextStats)}

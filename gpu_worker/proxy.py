@@ -1,4 +1,4 @@
-"""The wrong-worker proxy: a worker that does not own a voice forwards the utterance to an owner
+"""The wrong-worker proxy: a worker that does not own a voice forwards the context to an owner
 over the worker pool (one persistent multiplexed link per peer) and relays every message back.
 
 - **Deciding** (`Forwarder.should_forward`): forward when the ring has workers and this worker is
@@ -10,8 +10,8 @@ over the worker pool (one persistent multiplexed link per peer) and relays every
   owner it avoided would only add a hop. Such a start for a voice this worker does not own is a
   spill: it is reported to the cool loop (`HeatRecorder.spilled`), which raises the voice's
   replicas. The relay remains for callers that do not know the ring (no marker).
-- **Relaying** (`ProxiedUtterance`): the caller's context keeps every local limit (it is an
-  `Utterance`: text limits, backlog, idle timeout); flushed segments go to the owner as they come;
+- **Relaying** (`RelayedContext`): the caller's context keeps every local limit (it is an
+  `Context`: text limits, backlog, idle timeout); flushed segments go to the owner as they come;
   audio comes back re-tagged with the caller's context id only (no PCM re-encode), and the owner's
   `done` (with ``served_by``/``proxied``) or `error` is relayed as it came. A caller that cancels
   or disconnects cancels the owner's context (its engine request is aborted there). Each relayed
@@ -49,14 +49,14 @@ from typing import TYPE_CHECKING, Literal
 from gpu_worker.client import WorkerRequestError
 from gpu_worker.errors import WorkerError
 from gpu_worker.protocol import AudioChunk, Done, Error, Start
-from gpu_worker.session import _END, Backlog, Send, SessionDeps, Utterance
+from gpu_worker.context import END_OF_SEGMENTS, Backlog, Context, ContextDeps, Send
 from gpu_worker.settings import RELAY_TIMEOUT_S
 from gpu_worker.trace_context import current, log_hop
 from hashring.errors import EmptyRing, InvalidVoiceId
 from hashring.placement import place
 
 if TYPE_CHECKING:
-    from gpu_worker.pool import PoolStream, WorkerPool
+    from gpu_worker.client.pool import PoolStream, WorkerPool
     from hashring.membership import RingWatcher
     from hashring.placement import HeatRecorder
     from hashring.settings import RingSettings
@@ -125,10 +125,10 @@ class Forwarder:
         return "spill" if start.placed else "relay"  # placed: the pool decided, serve it (and report the spill)
 
 
-class ProxiedUtterance(Utterance):
+class RelayedContext(Context):
     """A caller's context served by another worker, relayed through this one."""
 
-    def __init__(self, start: Start, deps: SessionDeps, send: Send, forwarder: Forwarder,
+    def __init__(self, start: Start, deps: ContextDeps, send: Send, forwarder: Forwarder,
                  backlog: Backlog | None = None, claim_slot: Callable[[], None] | None = None) -> None:
         """``claim_slot``: takes an engine slot on this worker for a local fallback (raises `Busy` when none)."""
         super().__init__(start, deps, send, backlog=backlog)
@@ -193,7 +193,7 @@ class ProxiedUtterance(Utterance):
         while True:
             item = await self._next_segment()
             self._handed.append(item)
-            if item is _END:
+            if item is END_OF_SEGMENTS:
                 await stream.end()
                 return
             text, chars = item
@@ -250,7 +250,7 @@ class ProxiedUtterance(Utterance):
                 return
         handed, self._handed = self._handed, []
         for item in handed:
-            if item is not _END:
+            if item is not END_OF_SEGMENTS:
                 self._hold(item[1])  # back in this context's backlog
         queue: asyncio.Queue[object] = asyncio.Queue()
         for item in [*handed, *_drain(self._segments)]:

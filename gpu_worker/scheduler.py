@@ -10,7 +10,7 @@ path awaits; two policies sit behind it:
   would change the samples; grouping keeps batched audio equal to sequential audio (up to float
   rounding). The streaming
   planner's windows come in few lengths (2, 4, 6, 8 then 12 frames in steady state, plus one
-  final window per utterance), so groups fill well once several streams are live.
+  final window per context), so groups fill well once several streams are live.
 
 `make_decode_runner` picks the policy by device ("auto": batched on CUDA, sequential on CPU).
 

@@ -1,7 +1,7 @@
-"""The worker's websocket server: one connection, many utterances, audio back as tagged binary frames.
+"""The worker's websocket server: one connection, many contexts, audio back as tagged binary frames.
 
-Each connection runs three named tasks under its handler: a reader (client messages -> utterances),
-a writer draining a bounded outbox, and one task per utterance. Every message gets an answer and
+Each connection runs three named tasks under its handler: a reader (client messages -> contexts),
+a writer draining a bounded outbox, and one task per context. Every message gets an answer and
 no message, however malformed, costs the connection or its other contexts:
 
 - a refused message is answered `rejected` (nothing else changed; a context it names carries on);
@@ -11,18 +11,15 @@ no message, however malformed, costs the connection or its other contexts:
 
 Back-pressure:
 
-- **admission**: past ``max_streams`` concurrent utterances on the worker, or the connection's
-  share of them (``max_streams_per_connection``), a `start` gets a retryable ``busy`` at once. A
-  worker in the ring also refuses (``busy``, before any model work) a start a ring-aware pool placed
-  that would take it past its share of the fleet's load: ``in_flight + 1 > ceil(admit_factor ×
-  fleet_mean)`` (`fleet_share`), unless the start ``insist``s (the pool's last try). A relayed
-  context that falls back to this worker's engine takes an engine slot then (``busy`` when none).
+- **admission** (`gpu_worker.admission`): past ``max_streams`` concurrent contexts on the worker,
+  the connection's share of them, the relay bound, or (for a start a ring-aware pool placed) the
+  worker's share of the fleet's load, a `start` gets a retryable ``busy`` at once, naming the limit.
 - **the reader never waits on a context's work**: a cancel or a context-ending limit cancels the
   context's task and returns; the context's one answer (`done` cancelled, or its `error`) is sent
   by a closer task once the context's work has stopped, after any audio it had queued.
 - **slow consumers**: a message that cannot be queued, or written to the socket, within
   ``slow_consumer_s`` (the client stopped reading and the kernel's buffers are full) cuts the whole
-  connection: its utterances are cancelled (aborting their engine requests), the socket is closed
+  connection: its contexts are cancelled (aborting their engine requests), the socket is closed
   with 1008 "slow consumer" (or aborted if even that cannot be written), a log line and the
   ``slow_consumer`` metric record it, and no other connection waits on it.
 
@@ -30,67 +27,51 @@ Protocol version 2 (`PROTOCOL_HEADER` on the handshake; every handshake is answe
 a connection also gets `opened` for each admitted start and the worker's ``load`` on `done`/`error`;
 a version-1 connection gets exactly the version-1 messages.
 
-With a cluster token set, the websocket handshake, /metrics and /prewarm need
-``Authorization: Bearer <token>`` (401 otherwise); /health stays open for probes.
-
-HTTP on the same port: ``GET /health`` (liveness and load counts; cheap, no store walk),
-``GET /metrics`` (Prometheus text), ``GET /prewarm?voice=a&voice=b`` (starts loading voices in the
-background, 202 with an operation id) and ``GET /prewarm/<id>`` (its per-voice status).
+The admission bounds and the worker's counts are `gpu_worker.admission`; the HTTP routes on the
+same port (/health, /metrics, /prewarm) are `gpu_worker.side_routes`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import json
 import logging
 import socket
 from dataclasses import dataclass, field, replace
 from http import HTTPStatus
-from typing import Literal
-from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from gpu_worker.errors import BacklogFull, BadMessage, BadRequest, Busy, EmptyText, SlowConsumer, TextTooLong, WorkerError
-from gpu_worker.prewarm import PrewarmBusy, Prewarms
-from gpu_worker.protocol import (CONNECTION_STREAMS_HEADER, MAX_MESSAGE_BYTES, MAX_VOICE_ID_BYTES, PROTOCOL_HEADER, PROTOCOL_VERSION, AudioChunk, Cancel,
-                                 BusyLimit, ClientMessage, Done, End, Error, Flush, Opened, PushText, Rejected, Start,
-                                 UtteranceStats, encode, parse_client, protocol_version)
-from gpu_worker.proxy import Forwarder, ProxiedUtterance
-from gpu_worker.session import Backlog, Send, SessionDeps, Utterance
+from gpu_worker.admission import Admission, Holds
+from gpu_worker.errors import BacklogFull, BadMessage, BadRequest, EmptyText, SlowConsumer, TextTooLong, WorkerError
+from gpu_worker.context import Backlog, Context, ContextDeps, Send
+from gpu_worker.protocol import (CONNECTION_STREAMS_HEADER, MAX_MESSAGE_BYTES, PROTOCOL_HEADER, PROTOCOL_VERSION, AudioChunk,
+                                 Cancel, ClientMessage, ContextStats, Done, End, Error, Flush, Opened, PushText, Rejected,
+                                 Start, encode, parse_client, protocol_version)
+from gpu_worker.proxy import Forwarder, RelayedContext
 from gpu_worker.settings import WorkerSettings
+from gpu_worker.side_routes import SideRoutes
 from hashring.errors import InvalidVoiceId
 from hashring.placement import HeatRecorder
-from hashring.records import RingView
-from hashring.share import share_bound, share_floor_streams, share_of_mean
 
 log = logging.getLogger(__name__)
 
 SLOW_CONSUMER_CLOSE = 1008
 INTERNAL_ERROR_CLOSE = 1011
-MAX_PREWARM = 256
 _ENDS_CONTEXT = (TextTooLong, BacklogFull, EmptyText)  # limits that end the context they were hit on
-# the `voicering_worker_rejected_total` reason of each busy limit (the metric's names predate `limit`)
-_REJECTED_REASON: dict[str, str] = {"capacity": "busy", "share": "share", "relay": "busy", "connection": "connection_limit"}
-
-
-Holds = Literal["engine", "relay"] | None  # which of the worker's counts a context takes (None: released)
 
 
 @dataclass(slots=True)
-class _Context:
-    """One context on a connection: its utterance, its task, the worker count it holds (a relay
-    that falls back to this engine moves to ``engine``), and whether the reader has ended it (its
-    one answer then comes from a closer task, once its work has stopped)."""
+class _Slot:
+    """A context's place on its connection: the `Context` that speaks it, its task, the worker count
+    it holds (a relay that falls back to this engine moves to ``engine``), and whether the reader
+    has ended it (its one answer then comes from a closer task, once its work has stopped)."""
 
     context_id: str
     holds: Holds
-    utterance: Utterance | None = None  # set as soon as it is built (it needs this context's send)
+    context: Context | None = None  # set as soon as it is built (it needs this context's send)
     task: asyncio.Task | None = None
     ending: bool = False
     closer: asyncio.Task | None = None  # sends its answer once the reader ended it and its work stopped
@@ -109,12 +90,12 @@ class _Connection:
     slow_consumer_s: float
     backlog: Backlog
     version: int = 1  # the protocol version its handshake asked for (`protocol_version`)
-    contexts: dict[str, _Context] = field(default_factory=dict)
+    contexts: dict[str, _Slot] = field(default_factory=dict)
     closers: set[asyncio.Task] = field(default_factory=set)  # each sends the answer of a context the reader ended
     stalled: bool = False
     cut: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def live(self, context_id: str | None) -> _Context | None:
+    def live(self, context_id: str | None) -> _Slot | None:
         """The context if it still runs and is not being ended (a finished task's entry is about to be removed)."""
         ctx = self.contexts.get(context_id) if context_id is not None else None
         return ctx if ctx is not None and ctx.running and not ctx.ending else None
@@ -144,96 +125,44 @@ class _Connection:
         self.cut.set()
 
 
-def fleet_share(view: RingView, worker_id: str, in_flight: int, admit_factor: float,
-                floor: int = 0) -> tuple[int, float]:
-    """This worker's share of the fleet's streams: ``(max(ceil(admit_factor × mean), floor), mean)``,
-    where mean = (the reported loads of the live, undrained workers in ``view``, with this worker's
-    exact ``in_flight`` in place of its own report, + 1 for the start being decided) / their count
-    (this worker counted once, in the ring or not), and ``floor`` its share floor in streams. A lone
-    worker's share is never below ``in_flight + 1``."""
-    loads = view.loads
-    others = sum(load for wid, load in loads.items() if wid != worker_id)
-    return share_bound(others, in_flight, len(loads) + (worker_id not in loads), admit_factor, floor)
-
-
 class WorkerServer:
-    def __init__(self, settings: WorkerSettings, deps: SessionDeps, forwarder: Forwarder | None = None) -> None:
+    """The websocket server: connections and their contexts. Admission (`self.admission`) decides
+    which starts it takes; `self.routes` answers HTTP on the same port."""
+
+    def __init__(self, settings: WorkerSettings, deps: ContextDeps, forwarder: Forwarder | None = None) -> None:
         self.settings = settings
         self.deps = deps
-        # set once the worker has joined the ring: voices it does not own are relayed, and its watcher's
-        # view and `ring_settings.admit_factor` bound its share of the fleet's load
-        self.forwarder = forwarder
+        self.admission = Admission(settings, deps.metrics)
+        self.routes = SideRoutes(settings, deps, self.admission)
+        self.forwarder: Forwarder | None = None
         self.heat: HeatRecorder | None = None  # counts requests per voice for automatic replicas (entry worker only)
-        self.active = 0  # utterances this worker's engine speaks, local fallbacks of relays included (its load)
-        self.relayed = 0  # utterances relayed to their owners
-        self.prewarms = Prewarms(deps.adapters.prewarm) if deps.adapters is not None else None
+        if forwarder is not None:
+            self.join(forwarder)
         if deps.metrics is not None:
-            deps.metrics.bind(active_streams=lambda: self.active)
+            deps.metrics.bind(active_streams=lambda: self.admission.active)
+
+    def join(self, forwarder: Forwarder, heat: HeatRecorder | None = None) -> None:
+        """The worker joined the ring: voices it does not own are relayed, and its watcher's view and
+        `ring_settings.admit_factor` bound its share of the fleet's load."""
+        self.forwarder, self.heat = forwarder, heat
+        view = lambda: forwarder.watcher.view  # noqa: E731 - read at each decision, never cached
+        self.admission.join(view, forwarder.ring_settings, heat)
+        self.routes.view = view
+
+    @property
+    def active(self) -> int:
+        """Contexts this worker's engine speaks (its load)."""
+        return self.admission.active
+
+    @property
+    def relayed(self) -> int:
+        return self.admission.relayed
 
     def health(self) -> dict:
-        """Liveness and load as counts: cheap enough for every probe, and no voice ids to anyone."""
-        engine_requests = self.deps.engine.unfinished_requests()
-        adapters = self.deps.adapters
-        alive = getattr(self.deps.engine, "alive", None)
-        status = "ok" if alive is None or alive() else "engine_dead"
-        return {"status": status, "worker_id": self.settings.worker_id, "active_streams": self.active,
-                "relayed_streams": self.relayed,
-                "max_streams": self.settings.max_streams, "engine_requests": engine_requests,
-                "engine_waiting": getattr(self.deps.engine, "waiting", None),
-                "codec_policy": getattr(self.deps.runner, "policy", None),
-                "adapters_resident": len(adapters.resident) if adapters is not None else 0,
-                **self._ring_health()}
-
-    def _ring_health(self) -> dict:
-        """The ring as this worker sees it (epoch, size, summed heartbeat loads): a stale view shows
-        as an old epoch, and the load as this worker's routing sees it."""
-        if self.forwarder is None:
-            return {}
-        view = self.forwarder.watcher.view
-        return {"ring_epoch": view.epoch, "ring_workers": len(view.ring), "ring_load": sum(view.loads.values())}
-
-    def _authorized(self, request: Request) -> bool:
-        """With a cluster token set, every request but /health must carry it (constant-time compare)."""
-        token = self.settings.cluster_token
-        if not token:
-            return True
-        given = request.headers.get("Authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
-
-    async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        url = urlsplit(request.path)
-        if url.path == "/health":
-            health = self.health()
-            return _json(HTTPStatus.OK if health["status"] == "ok" else HTTPStatus.SERVICE_UNAVAILABLE, health)
-        if not self._authorized(request):
-            return _json(HTTPStatus.UNAUTHORIZED, {"error": "this worker needs its cluster token: "
-                                                            "'Authorization: Bearer <token>'"})
-        if url.path == "/metrics":
-            if self.deps.metrics is None:
-                return _response(HTTPStatus.NOT_FOUND, b"metrics are off on this worker\n", "text/plain")
-            return _response(HTTPStatus.OK, self.deps.metrics.render(), self.deps.metrics.content_type)
-        if url.path == "/prewarm" or url.path.startswith("/prewarm/"):
-            return self._prewarm(url.path, parse_qs(url.query).get("voice", []))
-        return None
-
-    def _prewarm(self, path: str, voices: list[str]) -> Response:
-        if self.prewarms is None:
-            return _json(HTTPStatus.NOT_FOUND, {"error": "this worker has no adapter cache to prewarm"})
-        if path != "/prewarm":
-            op = self.prewarms.get(path.removeprefix("/prewarm/"))
-            if op is None:
-                return _json(HTTPStatus.NOT_FOUND, {"error": "no such prewarm operation (finished ones are kept a while)"})
-            return _json(HTTPStatus.OK, op.report())
-        if not voices or len(voices) > MAX_PREWARM or any(len(v.encode(errors='replace')) > MAX_VOICE_ID_BYTES for v in voices):
-            return _json(HTTPStatus.BAD_REQUEST, {"error": f"give 1..{MAX_PREWARM} voices as /prewarm?voice=a&voice=b"})
-        try:
-            op = self.prewarms.start(voices)
-        except PrewarmBusy as exc:
-            return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)}, retry_after=1)
-        return _json(HTTPStatus.ACCEPTED, {**op.report(), "status_url": f"/prewarm/{op.id}"})
+        return self.routes.health()
 
     async def serve(self) -> Server:
-        return await serve(self.handle, self.settings.host, self.settings.port, process_request=self._process_request,
+        return await serve(self.handle, self.settings.host, self.settings.port, process_request=self.routes.process_request,
                            process_response=self._answer_handshake, max_size=MAX_MESSAGE_BYTES, ping_interval=20, ping_timeout=20,
                            close_timeout=self.settings.close_timeout_s)
 
@@ -247,8 +176,7 @@ class WorkerServer:
         return response
 
     async def aclose(self) -> None:
-        if self.prewarms is not None:
-            await self.prewarms.aclose()
+        await self.routes.aclose()
 
     async def handle(self, ws: ServerConnection) -> None:
         if self.settings.socket_send_buffer is not None:
@@ -268,8 +196,8 @@ class WorkerServer:
         finally:
             tasks = [ctx.task for ctx in conn.contexts.values() if ctx.task is not None]
             for ctx in conn.contexts.values():
-                if conn.stalled and ctx.utterance is not None:
-                    ctx.utterance.fail(SlowConsumer("the connection was cut: the client stopped reading"))
+                if conn.stalled and ctx.context is not None:
+                    ctx.context.fail(SlowConsumer("the connection was cut: the client stopped reading"))
                 if ctx.task is not None:
                     ctx.task.cancel()
             closers = list(conn.closers)
@@ -380,11 +308,11 @@ class WorkerServer:
             return
         try:
             if isinstance(message, PushText):
-                ctx.utterance.push_text(message.text)
+                ctx.context.push_text(message.text)
             elif isinstance(message, Flush):
-                ctx.utterance.flush()
+                ctx.context.flush()
             elif isinstance(message, End):
-                ctx.utterance.end()
+                ctx.context.end()
         except _ENDS_CONTEXT as exc:
             self._end_context(conn, ctx, exc)
 
@@ -400,7 +328,7 @@ class WorkerServer:
         try:
             route = self.forwarder.decide(start) if self.forwarder is not None else "serve"
             relay = route == "relay"
-            ctx = _Context(start.context_id, self._admit(conn, start, relay=relay))
+            ctx = _Slot(start.context_id, self.admission.admit(start, conn.live_count(), relay=relay))
             if route == "spill":
                 self.forwarder.spilled(start)  # only once admitted: a refused start spills elsewhere
         except WorkerError as exc:  # the context never opened: this error is its end
@@ -411,12 +339,12 @@ class WorkerServer:
         try:
             send = self._context_send(conn, ctx)
             if relay:
-                ctx.utterance = ProxiedUtterance(start, self.deps, send, self.forwarder, backlog=conn.backlog,
+                ctx.context = RelayedContext(start, self.deps, send, self.forwarder, backlog=conn.backlog,
                                                  claim_slot=lambda: self._claim_engine(ctx))
             else:
-                ctx.utterance = Utterance(start, self.deps, send, backlog=conn.backlog)
+                ctx.context = Context(start, self.deps, send, backlog=conn.backlog)
             if conn.version >= 2:
-                await conn.send(Opened(start.context_id, self.active))
+                await conn.send(Opened(start.context_id, self.admission.active))
         except BaseException as exc:
             self._release(conn, ctx)
             if isinstance(exc, WorkerError):  # e.g. its text over a limit: it never opened
@@ -428,19 +356,19 @@ class WorkerServer:
             with contextlib.suppress(InvalidVoiceId):  # its context gets the clear error when it resolves
                 self.heat.record(start.voice)
 
-    def _end_context(self, conn: _Connection, ctx: _Context, exc: WorkerError | None, *,
+    def _end_context(self, conn: _Connection, ctx: _Slot, exc: WorkerError | None, *,
                      retryable: bool | None = None) -> None:
         """End a context the reader decided to end (``exc`` None: the client cancelled it): cancel its
         task (aborting its engine request, freeing its slot) and leave its one answer to a closer
         task, so the reader goes on at once however long the context takes to stop."""
         ctx.ending = True
         if exc is not None:
-            ctx.utterance.fail(exc)
+            ctx.context.fail(exc)
         if ctx.task is not None:
             ctx.task.cancel()
         if exc is None:
-            trace = ctx.utterance.trace
-            answer: object = Done(ctx.context_id, UtteranceStats(trace_id=trace.trace_id, span_id=trace.span_id),
+            trace = ctx.context.trace
+            answer: object = Done(ctx.context_id, ContextStats(trace_id=trace.trace_id, span_id=trace.span_id),
                                   reason="cancelled")
         else:
             answer = Error(exc.code, exc.message, exc.retryable if retryable is None else retryable, ctx.context_id)
@@ -448,107 +376,35 @@ class WorkerServer:
         conn.closers.add(closer)
         closer.add_done_callback(conn.closers.discard)
 
-    async def _close_context(self, conn: _Connection, ctx: _Context, answer: object) -> None:
+    async def _close_context(self, conn: _Connection, ctx: _Slot, answer: object) -> None:
         try:
             if ctx.task is not None:
                 await asyncio.gather(ctx.task, return_exceptions=True)  # its work has stopped: all its audio is queued
-            if ctx.utterance.claim_end():
+            if ctx.context.claim_end():
                 with contextlib.suppress(SlowConsumer):
                     await conn.send(self._stamped(conn, answer))
         finally:  # only now is it gone: until its answer is out, messages for it are refused after that answer
             if conn.contexts.get(ctx.context_id) is ctx:
                 del conn.contexts[ctx.context_id]
 
-    def _admit(self, conn: _Connection, start: Start, *, relay: bool) -> Holds:
-        """Refuse a start past a bound, or claim its count (synchronously: no await between the check
-        and the count). ``max_streams`` bounds what this worker's engine speaks, and for a placed start
-        in the ring so does its share of the fleet's load (not when it ``insist``s: a pool's last try,
-        nor below its share floor); relayed utterances cost it only a relay, so they have a bound of
-        their own (``max_relayed_streams``); a connection holds at most its share of the worker. The
-        refusal says which limit it hit (`Busy.limit`): only a connection's own limit is the link's."""
-        limit = self.settings.connection_stream_limit()
-        refused: BusyLimit | None = None
-        message = ""
-        if not relay and self.active >= self.settings.max_streams:
-            refused = "capacity"
-            message = f"worker is at its limit of {self.settings.max_streams} concurrent streams; try another replica"
-        elif not relay and self._shared(start) and (share := self._share()) is not None and self.active + 1 > share[0]:
-            refused = "share"
-            bound, mean = share
-            rule = f"ceil({self._admit_factor()} × mean {mean:.1f})"
-            if bound > share_of_mean(mean, self._admit_factor()):
-                rule = f"its share floor, above {rule}"
-            message = f"worker holds {self.active} streams, over its share of the fleet ({rule} = {bound}); try another owner"
-        elif relay and self.relayed >= self.settings.relay_stream_limit():
-            refused = "relay"
-            message = f"worker relays at most {self.settings.relay_stream_limit()} streams at once; try another worker"
-        elif conn.live_count() >= limit:
-            refused = "connection"
-            message = (f"this connection holds {limit} streams, its share of the worker's {self.settings.max_streams}; "
-                       "wait for one to end or use another connection")
-        if refused is not None:
-            if self.deps.metrics is not None:
-                self.deps.metrics.rejected.labels(_REJECTED_REASON[refused]).inc()
-            if self.heat is not None:  # per voice, for operators; a share refusal also raises its replicas
-                with contextlib.suppress(InvalidVoiceId):  # (the pool must go past the owners)
-                    self.heat.refused(start.voice, raise_replicas=refused == "share" and start.placed)
-            raise Busy(message, refused)
-        if relay:
-            self.relayed += 1
-            return "relay"
-        self.active += 1
-        return "engine"
+    def _claim_engine(self, ctx: _Slot) -> None:
+        """A relayed context falls back to this worker's engine (`Admission.claim_engine`)."""
+        ctx.holds = self.admission.claim_engine(ctx.holds)
 
-    @staticmethod
-    def _shared(start: Start) -> bool:
-        """Whether the share rule applies: to a start a ring-aware pool placed (it can try another
-        owner, and insists on its last try), never to one from a caller that does not know the ring
-        (a direct client has nowhere else to go: capacity alone bounds it)."""
-        return start.placed and not start.insist
-
-    def _share(self) -> tuple[int, float] | None:
-        """This worker's share of the fleet's streams (never below its share floor), or None outside
-        the ring (capacity alone bounds it then)."""
-        if self.forwarder is None:
-            return None
-        floor = share_floor_streams(self.settings.max_streams, self.forwarder.ring_settings.share_floor)
-        return fleet_share(self.forwarder.watcher.view, self.settings.worker_id, self.active, self._admit_factor(), floor)
-
-    def _admit_factor(self) -> float:
-        return self.forwarder.ring_settings.admit_factor if self.forwarder is not None else 0.0
-
-    def _claim_engine(self, ctx: _Context) -> None:
-        """A relayed context falls back to this worker's engine: it takes an engine slot (its relay
-        slot is given back), or is refused ``busy`` when the engine has none (bug M2: fallbacks
-        bypassed ``max_streams`` exactly under overload, and were missing from the load)."""
-        if ctx.holds == "engine":
-            return
-        if self.active >= self.settings.max_streams:
-            if self.deps.metrics is not None:
-                self.deps.metrics.rejected.labels("busy").inc()
-            raise Busy(f"no owner could take it and this worker is at its limit of {self.settings.max_streams} "
-                       "concurrent streams; try again shortly", "capacity")
-        self.relayed -= ctx.holds == "relay"
-        self.active += 1
-        ctx.holds = "engine"
-
-    def _release(self, conn: _Connection, ctx: _Context) -> None:
-        if ctx.holds == "engine":
-            self.active -= 1
-        elif ctx.holds == "relay":
-            self.relayed -= 1
+    def _release(self, conn: _Connection, ctx: _Slot) -> None:
+        self.admission.release(ctx.holds)
         ctx.holds = None
-        if ctx.utterance is not None:
-            ctx.utterance.release()
+        if ctx.context is not None:
+            ctx.context.release()
         if conn.contexts.get(ctx.context_id) is ctx and not ctx.ending:  # an ending one: its closer removes it
             del conn.contexts[ctx.context_id]
 
-    def _launch(self, conn: _Connection, ctx: _Context) -> None:
-        assert ctx.utterance is not None
-        ctx.task = asyncio.create_task(ctx.utterance.run(), name=f"ctx-{ctx.context_id}")
+    def _launch(self, conn: _Connection, ctx: _Slot) -> None:
+        assert ctx.context is not None
+        ctx.task = asyncio.create_task(ctx.context.run(), name=f"ctx-{ctx.context_id}")
         ctx.task.add_done_callback(lambda _: self._release(conn, ctx))  # runs even if cancelled before it started
 
-    def _context_send(self, conn: _Connection, ctx: _Context) -> Send:
+    def _context_send(self, conn: _Connection, ctx: _Slot) -> Send:
         """A context's sends; on a v2 connection its `done`/`error` carry the load right after it ends
         (its own engine slot, still held while it sends them, is not counted)."""
         if conn.version < 2:
@@ -559,7 +415,7 @@ class WorkerServer:
 
         async def send(message: object) -> None:
             if isinstance(message, Done | Error) and message.load is None:
-                message = replace(message, load=self.active - (ctx.holds == "engine"))
+                message = replace(message, load=self.admission.active - (ctx.holds == "engine"))
             await conn.send(message)
 
         return send
@@ -569,7 +425,7 @@ class WorkerServer:
         if conn.version < 2:
             return _as_version_1(message)
         if isinstance(message, Done | Error) and message.load is None:
-            return replace(message, load=self.active)
+            return replace(message, load=self.admission.active)
         return message
 
     async def _write(self, conn: _Connection) -> None:
@@ -596,14 +452,3 @@ def _as_version_1(message: object) -> object:
     if isinstance(message, Error) and message.limit is not None:
         return replace(message, limit=None)
     return message
-
-
-def _response(status: HTTPStatus, body: bytes, content_type: str, *, retry_after: int | None = None) -> Response:
-    headers = Headers({"Content-Type": content_type, "Content-Length": str(len(body))})
-    if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
-    return Response(status.value, status.phrase, headers, body)
-
-
-def _json(status: HTTPStatus, body: dict, *, retry_after: int | None = None) -> Response:
-    return _response(status, json.dumps(body).encode(), "application/json", retry_after=retry_after)

@@ -57,14 +57,18 @@ class WorkerSettings(BaseSettings):
     gpu_memory_utilization: float = Field(_ENGINE.gpu_memory_utilization, gt=0, le=1,
                                           description="share of GPU memory vLLM may take (lower it beside a trainer)")
     cpu_kv_cache_gib: int = _ENGINE.cpu_kv_cache_gib
-    max_streams: int = Field(32, ge=1, description="concurrent utterances before a retryable 'busy'")
+    separate_model_process: bool = Field(
+        _ENGINE.separate_model_process, description="run vLLM's model worker in its own process (vLLM's default; "
+        "on CPU it binds OpenMP threads to cores); false: inside the engine core, one process fewer, a faster start and "
+        "~2 GB less (the test suite and small CPU stacks)")
+    max_streams: int = Field(32, ge=1, description="concurrent contexts before a retryable 'busy'")
     max_streams_per_connection: int | None = Field(
-        None, ge=1, description="utterances one connection may hold at once (default: half of max_streams), "
+        None, ge=1, description="contexts one connection may hold at once (default: half of max_streams), "
                                 "so one client cannot take every slot")
-    max_relayed_streams: int | None = Field(None, ge=1, description="utterances relayed to their owners at once "
+    max_relayed_streams: int | None = Field(None, ge=1, description="contexts relayed to their owners at once "
                                                                    "(default: 4 x max_streams)")
     relay_timeout_s: float = Field(
-        RELAY_TIMEOUT_S, gt=0, description="the longest a relayed utterance waits on its owner, for first audio and between "
+        RELAY_TIMEOUT_S, gt=0, description="the longest a relayed context waits on its owner, for first audio and between "
                                 "chunks; below the callers' pools (30 s), so this hop answers before the caller's clock fires")
     # per-context and per-connection limits on text (checked before anything is buffered)
     max_text_chars: int = Field(MAX_TEXT_CHARS, ge=1, description="characters buffered before a flush (one segment)")

@@ -24,7 +24,7 @@ JOIN_FADE_SAMPLES = 120  # 5 ms at 24 kHz
 
 @dataclass(slots=True)
 class SegmentStats:
-    """Totals over an utterance's engine requests."""
+    """Totals over a context's engine requests."""
 
     tokens: int = 0
     frames: int = 0

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from gpu_worker.adapters import AdapterCache, AdapterStore
 from gpu_worker.cluster import drain, join_cluster
-from gpu_worker.stall import LoopWatchdog, dump_stacks_on_sigusr1
+from gpu_worker.loop_watchdog import LoopWatchdog, dump_stacks_on_sigusr1
 from gpu_worker.codec import SnacCodec, set_cpu_threads
 from gpu_worker.engine import EngineSettings, SamplingOptions, SpeechEngine
 from gpu_worker.errors import EngineError
@@ -22,7 +22,7 @@ from gpu_worker.open_files import raise_open_file_limit
 from gpu_worker.reaper import Reaper
 from gpu_worker.scheduler import MAX_BATCH, TICK_S, make_decode_runner
 from gpu_worker.server import WorkerServer
-from gpu_worker.session import ContextLimits, SessionDeps
+from gpu_worker.context import ContextLimits, ContextDeps
 from gpu_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ def engine_settings(settings: WorkerSettings) -> EngineSettings:
         max_cpu_loras=settings.max_cpu_loras, max_lora_rank=settings.max_lora_rank,
         max_num_seqs=settings.max_num_seqs, max_model_len=settings.max_model_len,
         gpu_memory_utilization=settings.gpu_memory_utilization, cpu_kv_cache_gib=settings.cpu_kv_cache_gib,
+        separate_model_process=settings.separate_model_process,
     )
 
 
@@ -101,7 +102,7 @@ async def _serve(settings: WorkerSettings, ready: asyncio.Event | None) -> None:
                             listing=engine.loaded_adapters, reconcile_s=settings.adapter_reconcile_s)
     metrics.bind(engine_queue=lambda: engine.waiting, codec_queue=lambda: runner.pending,
                  adapters_resident=lambda: len(adapters.resident))
-    deps = SessionDeps(engine, runner, sampling_defaults(settings), context_limits(settings),
+    deps = ContextDeps(engine, runner, sampling_defaults(settings), context_limits(settings),
                        trim_factory=trim_factory(settings), adapters=adapters, metrics=metrics, worker_id=settings.worker_id)
     server = WorkerServer(settings, deps)
     if settings.prewarm_voices:
@@ -120,7 +121,7 @@ async def _serve(settings: WorkerSettings, ready: asyncio.Event | None) -> None:
     membership = join_cluster(settings, load=lambda: server.active, adapters=adapters)
     cluster = await membership.__aenter__()
     if cluster is not None:
-        server.forwarder, server.heat = cluster.forwarder, cluster.heat
+        server.join(cluster.forwarder, cluster.heat)
     log.info("worker %s listening on ws://%s:%d (codec %s)", settings.worker_id, settings.host, settings.port, runner.policy)
     print(f"voicering worker ready on ws://{settings.host}:{settings.port}", flush=True)
     if ready is not None:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from hashring.errors import RingError, RingUnavailable
+from hashring.loops import FailureStreak, report_end, stop_task, stray_cancel
 from hashring.records import RingView, Snapshot, WorkerInfo
 from hashring.store import RingStore, Subscription
 
@@ -45,61 +46,6 @@ LEAVE_TIMEOUT_S = 3.0
 
 def _no_load() -> int:
     return 0
-
-
-class _Streak:
-    """A background task's last error: logs the first failure of a streak and the recovery, so an
-    outage is one warning, not one per tick; unexpected errors (bugs) carry their traceback."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.error: Exception | None = None
-
-    def failed(self, exc: Exception) -> None:
-        if self.error is None:
-            if isinstance(exc, RingError):
-                log.warning("%s failed, will keep trying: %s", self.what, exc.message)
-            else:
-                log.error("%s failed unexpectedly, will keep trying", self.what, exc_info=exc)
-        self.error = exc
-
-    def ok(self) -> None:
-        if self.error is not None:
-            log.info("%s works again", self.what)
-        self.error = None
-
-
-def _stray_cancel() -> bool:
-    """True for a CancelledError nobody asked for: no cancel() is pending on this task (redis-py's
-    asyncio client can let one escape from a command it timed out). A background loop that takes
-    it for its end would vanish silently, so it counts as one failed turn instead."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() == 0
-
-
-def _report_end(closing: Callable[[], bool]) -> Callable[[asyncio.Task], None]:
-    """A done-callback: a background task that ends while its owner is not closing is logged."""
-    def ended(task: asyncio.Task) -> None:
-        if closing():
-            return
-        error = None if task.cancelled() else task.exception()
-        log.error("%s ended while its owner still runs (%s)", task.get_name(),
-                  "cancelled" if task.cancelled() else repr(error), exc_info=error)
-    return ended
-
-
-async def _stop(task: asyncio.Task[None]) -> None:
-    """Cancel `task` and wait until it has ended.
-
-    redis-py 8.1's asyncio client sometimes swallows a CancelledError that lands inside a command
-    (a known class of redis-py bugs), so one `cancel()` is not always enough: repeat it until the
-    task ends. The loops also check their owner's closing flag, so a lost cancel costs one turn.
-    """
-    while not task.done():
-        task.cancel()
-        await asyncio.wait([task], timeout=0.1)
-    if not task.cancelled() and task.exception() is not None:
-        log.error("%s ended with an error", task.get_name(), exc_info=task.exception())
 
 
 class Heartbeat:
@@ -117,7 +63,7 @@ class Heartbeat:
         self._listed: tuple[str, ...] | None = None  # what Redis holds for us (None: nothing yet)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._streak = _Streak(f"worker {info.id} heartbeat")
+        self._streak = FailureStreak(f"worker {info.id} heartbeat")
 
     @property
     def info(self) -> WorkerInfo:
@@ -134,7 +80,7 @@ class Heartbeat:
         self._listed = None  # a registration clears the list
         self._closing = False
         self._task = asyncio.create_task(self._run(), name=f"ring-heartbeat:{self._info.id}")
-        self._task.add_done_callback(_report_end(lambda: self._closing))
+        self._task.add_done_callback(report_end(lambda: self._closing))
         return epoch
 
     async def set_draining(self, draining: bool = True) -> int:
@@ -147,7 +93,7 @@ class Heartbeat:
         self._closing = True
         task, self._task = self._task, None
         if task is not None:
-            await _stop(task)
+            await stop_task(task)
         if deregister:
             try:
                 async with asyncio.timeout(LEAVE_TIMEOUT_S):
@@ -187,7 +133,7 @@ class Heartbeat:
                 else:
                     self._listed = resident
             except asyncio.CancelledError:
-                if self._closing or not _stray_cancel():
+                if self._closing or not stray_cancel():
                     raise
                 self._streak.failed(RingUnavailable("a heartbeat was interrupted by a stray cancellation"))
             except Exception as exc:  # kept by the streak and logged: the task must live on
@@ -205,7 +151,7 @@ class RingWatcher:
         self._view: RingView | None = None
         self._synced_at: float | None = None
         self._error: Exception | None = None
-        self._listen = _Streak("ring pub/sub listener")
+        self._listen = FailureStreak("ring pub/sub listener")
         self._wake = asyncio.Event()
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()
@@ -281,7 +227,7 @@ class RingWatcher:
             asyncio.create_task(self._listen_loop(), name="ring-listen"),
         ]
         for task in self._tasks:
-            task.add_done_callback(_report_end(lambda: self._closing))
+            task.add_done_callback(report_end(lambda: self._closing))
         return view
 
     async def aclose(self) -> None:
@@ -289,7 +235,7 @@ class RingWatcher:
         self._wake.set()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
-            await _stop(task)
+            await stop_task(task)
 
     async def __aenter__(self) -> RingWatcher:
         await self.start()
@@ -367,7 +313,7 @@ class RingWatcher:
 
     async def _refresh_loop(self) -> None:
         # Failures back off by themselves: the next try waits for the next interval or epoch message.
-        streak = _Streak("ring refresh (serving the last ring meanwhile)")
+        streak = FailureStreak("ring refresh (serving the last ring meanwhile)")
         while not self._closing:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._settings.refresh_interval_s):
@@ -378,7 +324,7 @@ class RingWatcher:
             try:
                 await self.refresh()
             except asyncio.CancelledError:
-                if self._closing or not _stray_cancel():
+                if self._closing or not stray_cancel():
                     raise
                 streak.failed(RingUnavailable("a ring refresh was interrupted by a stray cancellation"))
             except Exception as exc:  # kept as last_error and logged: the task must live on

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from hashring.errors import EmptyRing, InvalidReplicas, RingError
-from hashring.membership import _stop, _Streak
+from hashring.loops import FailureStreak, stop_task
 from hashring.records import RingView, WorkerInfo, check_voice_id
 from hashring.settings import RingSettings
 from hashring.sizing import FleetLoad, next_replicas, replicas_for, warm_rate
@@ -240,7 +240,7 @@ class HeatRecorder:
         self._refusals: Counter[str] = Counter()  # refused by this worker
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._streak = _Streak("request-rate flush to Redis (counts of failed flushes are dropped)")
+        self._streak = FailureStreak("request-rate flush to Redis (counts of failed flushes are dropped)")
         self.flushed = 0  # requests written to Redis
         self.flushes = 0  # flushes that wrote at least one voice
         self.dropped = 0  # requests not counted: over max_voices, or lost with a failed flush
@@ -317,7 +317,7 @@ class HeatRecorder:
         self._closing = True
         task, self._task = self._task, None
         if task is not None:
-            await _stop(task)
+            await stop_task(task)
         await self.flush()
 
     async def __aenter__(self) -> HeatRecorder:
@@ -363,7 +363,7 @@ class CoolLoop:
         self._holding = False
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._streak = _Streak("replica cooling")
+        self._streak = FailureStreak("replica cooling")
         self.cools = 0  # cool() runs completed by this process
         self.changed: dict[str, int] = {}  # what the latest cool() changed: voice -> new automatic count
         self.lowered = 0  # automatic counts this process changed in total
@@ -387,7 +387,7 @@ class CoolLoop:
         self._closing = True
         task, self._task = self._task, None
         if task is not None:
-            await _stop(task)
+            await stop_task(task)
         if self._holding:
             self._holding = False
             with contextlib.suppress(RingError):  # unreachable: the lease simply expires

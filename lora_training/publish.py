@@ -104,16 +104,16 @@ class WorkerSampler:
 
 def say_on_worker(url: str, voice: str, text: str, *, max_tokens: int, token: str | None, timeout_s: float,
                   what: str, refused: str):
-    """One utterance through a worker (the production websocket path, seed 0, untrimmed), with the
+    """One context through a worker (the production websocket path, seed 0, untrimmed), with the
     worker's faults mapped: busy, lost or timed out -> InfrastructureError (retryable), the voice
     refused -> ValidationError. `what` names the worker and `refused` the refusal in messages."""
     async def say():
-        from gpu_worker.client import WorkerClient, WorkerConnectionLost, WorkerRequestError
-        from gpu_worker.protocol import UtteranceOptions
+        from gpu_worker.client.connection import WorkerClient, WorkerConnectionLost, WorkerRequestError
+        from gpu_worker.protocol import ContextOptions
 
         client = await WorkerClient.connect(url, token=token)
         try:
-            return await client.say(voice, text, options=UtteranceOptions(max_tokens=max_tokens, seed=0,
+            return await client.say(voice, text, options=ContextOptions(max_tokens=max_tokens, seed=0,
                                                                          trim_silence=False))
         except WorkerRequestError as err:
             if err.retryable:

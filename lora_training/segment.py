@@ -1,4 +1,4 @@
-"""Where to cut a recording into training utterances: at pauses, into pieces of ~2-15 s.
+"""Where to cut a recording into training contexts: at pauses, into pieces of ~2-15 s.
 
 Speech activity comes from silence_trim's frame levels (10 ms frames, detrended RMS in dBFS)
 against a threshold that follows the recording's noise floor. Gaps shorter than `min_pause_ms`

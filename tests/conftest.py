@@ -10,6 +10,11 @@ import gc
 import os
 
 os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "1")
+# vLLM's model worker runs inside its engine core (`WorkerSettings.separate_model_process`): one
+# process of three fewer per worker, so one import of torch and vLLM fewer per start and less
+# memory. The real engine all the same; tests of the production process layout (a killed worker's
+# engine processes) set it back to true.
+os.environ.setdefault("VOICERING_WORKER_SEPARATE_MODEL_PROCESS", "false")
 
 pytest_plugins = [
     "tests.fixtures.redis",

@@ -79,14 +79,14 @@ def test_endings_are_classified(ending, outcome):
 
 def test_targets_can_fail_and_an_unmeasured_figure_fails():
     good = {"relay_added_ms_p50": 0.4, "relay_added_ms_p99": 4.9, "relay_chunks": 140,
-            "handshakes_per_utterance_warm": 0.0, "failover_s": 1.2, "failed_after_failover": 0,
+            "handshakes_per_context_warm": 0.0, "failover_s": 1.2, "failed_after_failover": 0,
             "lost_audio_contexts": 0}
     assert judge(good) == dict.fromkeys(TARGETS, True)
-    bad = {**good, "relay_added_ms_p50": 1.01, "relay_chunks": 40, "handshakes_per_utterance_warm": 0.1,
+    bad = {**good, "relay_added_ms_p50": 1.01, "relay_chunks": 40, "handshakes_per_context_warm": 0.1,
            "failover_s": None, "lost_audio_contexts": 1}
     met = judge(bad)
     assert [name for name, ok in met.items() if not ok] == ["relay_added_ms_p50", "relay_chunks",
-                                                            "handshakes_per_utterance_warm", "failover_s",
+                                                            "handshakes_per_context_warm", "failover_s",
                                                             "lost_audio_contexts"]
     assert not judge({**good, "relay_added_ms_p99": 5.01})["relay_added_ms_p99"]  # the tail target can fail
 

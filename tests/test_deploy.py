@@ -71,7 +71,7 @@ def settings_classes() -> dict[str, type]:
     """The settings class each `voicering` subcommand builds."""
     from gateway.livekit.settings import AgentSettings
     from gateway.settings import GatewaySettings
-    from gateway.stack.settings import UpSettings
+    from voicering.stack.settings import UpSettings
     from gpu_worker.settings import WorkerSettings
     from lora_training.settings import TrainSettings
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-LIGHT_MODULES = ["voicering.cli", "gpu_worker.protocol", "gpu_worker.client", "gpu_worker.pool", "gpu_worker.routers",
-                 "gpu_worker.adapters", "gpu_worker.orpheus", "hashring", "silence_trim", "gateway.stack.up",
-                 "gateway.stack.demo", "gateway.stack.cli", "lora_training.espeak", "voicering.status",
+LIGHT_MODULES = ["voicering.cli", "gpu_worker.protocol", "gpu_worker.client.connection", "gpu_worker.client.pool", "gpu_worker.client.routers",
+                 "gpu_worker.adapters", "gpu_worker.orpheus", "hashring", "silence_trim", "voicering.stack.up",
+                 "voicering.stack.demo", "voicering.stack.cli", "lora_training.espeak", "voicering.status",
                  "voicering.status.report", "voicering.status.probes", "voicering.status.terminal",
                  "voicering.status.cli", "gpu_worker.trace_context", "voicering.trace", "gpu_worker.open_cluster",
                  "gpu_worker.open_files"]

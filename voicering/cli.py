@@ -31,7 +31,7 @@ def _wire() -> None:
     from gateway.cli import app as tenant_app
     from gateway.livekit.cli import register as register_agent
     from gateway.serve import command as gateway_command
-    from gateway.stack.cli import register as register_stack
+    from voicering.stack.cli import register as register_stack
     from gpu_worker.cli import register as register_worker
     from hashring.cli import app as ring_app
     from lora_training.cli import register as register_training

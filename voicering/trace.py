@@ -122,7 +122,7 @@ def command(
                    err=True)
         raise typer.Exit(2)
     if not logs:
-        from gateway.stack.settings import UpSettings
+        from voicering.stack.settings import UpSettings
 
         logs = [UpSettings().logs]
     missing = [str(p) for p in logs if not p.exists()]

@@ -37,8 +37,7 @@ from gateway.tenants import (
     VoiceExists,
     VoiceNotFound,
 )
-from gpu_worker.client import WorkerRequestError
-from gpu_worker.pool_types import NoWorkerServing
+from gpu_worker.client import NoWorkerServing, WorkerRequestError
 
 __all__ = ["ApiError", "ErrorType", "error_body", "from_tenant_error", "from_worker_error", "install"]
 

@@ -1,7 +1,7 @@
 """`POST /v1/audio/speech` in OpenAI's shape, streamed as the workers speak.
 
 The request is checked (unknown fields refused, as OpenAI does), the key's tenant resolved, the
-voice name mapped to its global id, one of the tenant's stream slots taken, and the utterance
+voice name mapped to its global id, one of the tenant's stream slots taken, and the context
 opened through the worker pool. The status line waits for the **first audio** (so an error
 before any audio is a real HTTP error: 404, 429, 503 with Retry-After); from then on every chunk
 is time-stretched (`speed`), encoded (`response_format`) and sent as it comes (chunked). A client
@@ -11,7 +11,7 @@ that goes away cancels the worker's context at once; the audio generated so far 
 `speech.audio.done` with `usage` (OpenAI's `input_tokens`, `output_tokens`, `total_tokens`, and
 voicering's `audio_seconds`, the audio billed), plus voicering's `served_by` (the worker whose
 engine spoke it) and `proxied` (whether the worker the gateway chose relayed it to the voice's
-owner). `input_tokens` is 0: the workers do not report their prompt tokens (UtteranceStats has
+owner). `input_tokens` is 0: the workers do not report their prompt tokens (ContextStats has
 no such count), and characters are not tokens.
 
 Orpheus has no instruction conditioning: `instructions` is
@@ -33,7 +33,7 @@ response header) and `x-voicering-trace-id`, SSE's `speech.audio.done` the `trac
 gateway logs one `hop=gateway` line at the end (`voicering trace ID` joins the hops).
 
 Metering follows what the worker generated (its PCM before `speed` stretches it), once the
-utterance was opened on a worker; anything refused before that is not metered. The body is read
+context was opened on a worker; anything refused before that is not metered. The body is read
 only after the key is checked, at most `body_limit(settings)` bytes (`edge.read_body`).
 """
 
@@ -61,9 +61,8 @@ from gateway.api.speed import MAX_SPEED, MIN_SPEED, SpeedChanger
 from gateway.api.state import Gateway
 from gateway.settings import GatewaySettings
 from gateway.tenants import Tenant, TenantError
-from gpu_worker.client import WorkerRequestError
-from gpu_worker.pool import PoolStream
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.client import PoolStream, WorkerRequestError
+from gpu_worker.protocol import ContextOptions
 from gpu_worker.trace_context import Hop, TraceContext, current, log_hop, parse
 
 TRACE_HEADER = "traceparent"
@@ -168,7 +167,7 @@ async def create_speech(request: Request, tenant: Annotated[Tenant, Depends(call
     admitted = time.perf_counter()
     try:
         stream = await gateway.pool.start(voice_id, body.input, traceparent=trace.traceparent,
-                                          options=UtteranceOptions(seed=body.seed, max_tokens=body.max_tokens))
+                                          options=ContextOptions(seed=body.seed, max_tokens=body.max_tokens))
         run.stream = stream
         await stream.end()
         audio = stream.audio()
@@ -233,7 +232,7 @@ class _Run:
         metrics = self.gateway.metrics
         metrics.active_streams.labels(self.tenant.name).dec()
         if self.stream is not None and self.stream.done is None:
-            try:  # the caller left (or failed) mid-utterance: stop the worker now
+            try:  # the caller left (or failed) mid-context: stop the worker now
                 await self.stream.cancel()
             except Exception as exc:  # the stream's own end already reported it
                 log.debug("cancel after the end of a speech request: %r", exc)

@@ -3,7 +3,7 @@
 - Redis (the tenant layer's async client; an embedded server when no URL is configured), it and
   the ring store's client sized by `settings.redis_pool_size()`,
 - the tenant layer: `Tenants` (keys, voices), `Quotas`, `Meter`, and the `Catalog` of voice names,
-- the worker pool (`gpu_worker.pool`): routed by the ring in Redis (`RingWatcher`), or over a
+- the worker pool (`gpu_worker.client`): routed by the ring in Redis (`RingWatcher`), or over a
   fixed list of worker URLs, dialing with the cluster token,
 - the training queue (lora_training's `JobQueue`, a sync client: called off the event loop),
 - the bounded pool that decodes uploads for their checks (`gateway.cloning.DecodePool`),
@@ -30,11 +30,10 @@ from gateway.quotas import Quotas
 from gateway.settings import GatewaySettings
 from gateway.tenants import Tenants, connect_redis
 from gateway.usage import Meter
-from gpu_worker.pool import PoolSettings, RingRouter, StaticRouter, WorkerPool
+from gpu_worker.client import PoolSettings, WorkerPool, ring_pool
 from hashring.membership import RingWatcher
 from hashring.presence import Announcer, default_id
 from hashring.settings import RingSettings
-from hashring.store import RingStore
 from lora_training.jobs import JobQueue
 
 __all__ = ["Gateway", "open_gateway"]
@@ -80,19 +79,17 @@ async def open_gateway(settings: GatewaySettings) -> AsyncIterator[Gateway]:
         pool_settings = PoolSettings(token=settings.cluster_token)
         watcher = None
         if settings.workers:
-            router = StaticRouter(list(settings.workers))
+            pool = await stack.enter_async_context(WorkerPool.static(list(settings.workers), pool_settings))
         else:
             # +1: the ring watcher's subscription holds one connection for as long as it runs
             ring_settings = RingSettings(redis_url=redis_url, prefix=settings.ring_prefix,
                                          redis_max_connections=redis_pool + 1,
                                          redis_pool_wait_s=settings.redis_pool_wait_s)
-            store = await stack.enter_async_context(RingStore(ring_settings))
-            watcher = await stack.enter_async_context(RingWatcher(store))
-            router = RingRouter(watcher, ring_settings)
+            ring = await stack.enter_async_context(ring_pool(ring_settings, pool_settings))
+            watcher, pool = ring.watcher, ring.pool
             # listed by `voicering status` (a static gateway, pinned to its --worker list, is not in the fleet)
-            await stack.enter_async_context(Announcer(store, "gateway", default_id(settings.port),
+            await stack.enter_async_context(Announcer(ring.store, "gateway", default_id(settings.port),
                                                       address=f"{settings.host}:{settings.port}"))
-        pool = await stack.enter_async_context(WorkerPool(router, pool_settings))
         jobs = JobQueue.connect(redis_url, settings.train_prefix)
         stack.callback(jobs.close)
         catalog = Catalog(tenants, settings.base_voices, cache_s=settings.auth_cache_s)

@@ -64,9 +64,8 @@ from gateway.api.errors import ApiError
 from gateway.api.state import Gateway
 from gateway.quotas import StreamSlot
 from gateway.tenants import Tenant, TenantError
-from gpu_worker.client import WorkerRequestError
+from gpu_worker.client import PoolStream, WorkerRequestError
 from gpu_worker.errors import BadMessage
-from gpu_worker.pool import PoolStream
 from gpu_worker.protocol import (MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AudioChunk, Cancel, ClientMessage, Done, End,
                                  Error, Flush, PushText, Rejected, Start, encode, parse_client)
 from gpu_worker.trace_context import Hop, TraceContext, current, log_hop, parse
@@ -103,7 +102,7 @@ class _Cut(Exception):
 
 
 @dataclass(eq=False)
-class _Context:
+class _Slot:
     id: str
     stream: PoolStream | None = None
     slot: StreamSlot | None = None
@@ -147,7 +146,7 @@ class _Session:
     def __init__(self, gateway: Gateway, tenant: Tenant, key: str | None, ws: WebSocket) -> None:
         self.gateway, self.tenant, self.ws = gateway, tenant, ws
         self.key = key
-        self.contexts: dict[str, _Context] = {}
+        self.contexts: dict[str, _Slot] = {}
         self.outbox: asyncio.Queue[str | bytes | None] = asyncio.Queue(OUTBOX)
         self.cut = asyncio.Event()
         self.leave = asyncio.Event()  # the gateway's drain is over: close now (go_away)
@@ -263,7 +262,7 @@ class _Session:
                                               message.context_id)))
                 return
             caller = parse(message.traceparent) if message.traceparent else None  # parse_client checked it
-            ctx = self.contexts[message.context_id] = _Context(message.context_id, began=arrived)
+            ctx = self.contexts[message.context_id] = _Slot(message.context_id, began=arrived)
             if caller is not None:
                 ctx.trace = caller.child()
             ctx.admit(PushText(ctx.id, message.text))
@@ -297,7 +296,7 @@ class _Session:
         except WorkerRequestError as exc:  # the pool refused it unsent (a worker would not take it): no effect
             await self._send(encode(Rejected(exc.error.code, exc.error.message, False, ctx.id, message.type)))
 
-    async def _speak(self, ctx: _Context, start: Start) -> None:
+    async def _speak(self, ctx: _Slot, start: Start) -> None:
         gateway, tenant = self.gateway, self.tenant
         began = ctx.began
         current.set(ctx.trace)  # this context's task: its log records carry the trace id
@@ -325,7 +324,7 @@ class _Session:
         finally:
             await self._close(ctx)
 
-    async def _relay(self, ctx: _Context, began: float) -> None:
+    async def _relay(self, ctx: _Slot, began: float) -> None:
         stream = ctx.stream
         assert stream is not None
         seq = 0
@@ -350,7 +349,7 @@ class _Session:
             ctx.outcome = done.reason
             await self._send(_done_message(ctx, done))
 
-    async def _relay_rejections(self, ctx: _Context) -> None:
+    async def _relay_rejections(self, ctx: _Slot) -> None:
         """The worker's `rejected` of this context's messages (they had no effect), as the caller named it."""
         stream = ctx.stream
         assert stream is not None
@@ -358,7 +357,7 @@ class _Session:
             await self._send(encode(Rejected(r.code, r.message, r.retryable, ctx.id, r.message_type)))
         ctx.rejections_relayed = len(stream.rejected)
 
-    async def _close(self, ctx: _Context) -> None:
+    async def _close(self, ctx: _Slot) -> None:
         """The context is over (done, error, or the connection went): free all it held, once. It is
         metered only if a worker opened it (the rule of the HTTP routes too)."""
         if self.contexts.get(ctx.id) is ctx:
@@ -393,7 +392,7 @@ class _Session:
             self.cut.set()
             raise _Cut() from None
 
-    async def _error(self, ctx: _Context, code: str, message: str, retryable: bool) -> None:
+    async def _error(self, ctx: _Slot, code: str, message: str, retryable: bool) -> None:
         ctx.outcome = code
         await self._send(encode(Error(code, message, retryable, ctx.id)))
 
@@ -401,7 +400,7 @@ class _Session:
         await self._send(encode(Rejected("bad_request", why, False, message.context_id, message.type)))
 
 
-def _gateway_share_ms(ctx: _Context, received_from_worker: float | None) -> float | None:
+def _gateway_share_ms(ctx: _Slot, received_from_worker: float | None) -> float | None:
     """The gateway's own share of a context's first audio, once it was handed to the writer: admit
     (the start's arrival -> the worker start) + relay (the first audio off the worker's link ->
     handed to this socket's writer)."""
@@ -410,7 +409,7 @@ def _gateway_share_ms(ctx: _Context, received_from_worker: float | None) -> floa
     return ((ctx.admitted_at - ctx.began) + (time.perf_counter() - received_from_worker)) * 1000
 
 
-def _done_message(ctx: _Context, done: Done) -> str:
+def _done_message(ctx: _Slot, done: Done) -> str:
     """The worker's `done` as the caller named the context, its stats with the gateway's own
     `gateway_ms` (absent when no audio came)."""
     message = encode(Done(ctx.id, done.stats, done.reason))
@@ -421,7 +420,7 @@ def _done_message(ctx: _Context, done: Done) -> str:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
-def _log_hop(ctx: _Context) -> None:
+def _log_hop(ctx: _Slot) -> None:
     stream = ctx.stream
     log_hop(log, Hop.ended("gateway", ctx.trace, worker="", to=(stream.worker_id or "") if stream else "",
                            voice=ctx.voice, context=stream.context_id if stream else "", received=ctx.began,

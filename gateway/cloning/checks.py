@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 from gateway.cloning.errors import BadUpload
 from gateway.cloning.uploads import Upload
 from gateway.tenants import Tenant
-from gpu_worker.orpheus import SAMPLE_RATE
+from gpu_worker.protocol import SAMPLE_RATE
 from hashring.records import shown_voice_id, valid_voice_id
 from lora_training.consent import MAX_CONSENT_AUDIO_S
 from lora_training.errors import InputError, TranscriptError

@@ -15,13 +15,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gateway.livekit.transport import Opened, PoolTransport, Transport, Utterance
+    from gateway.livekit.transport import Opened, PoolTransport, Transport, Context
     from gateway.livekit.tts import TTS, ChunkedStream, SynthesizeStream, TTSOptions
 
-__all__ = ["TTS", "ChunkedStream", "Opened", "PoolTransport", "SynthesizeStream", "TTSOptions", "Transport", "Utterance"]
+__all__ = ["TTS", "ChunkedStream", "Opened", "PoolTransport", "SynthesizeStream", "TTSOptions", "Transport", "Context"]
 
 _HOME = {"TTS": "tts", "ChunkedStream": "tts", "SynthesizeStream": "tts", "TTSOptions": "tts",
-         "Opened": "transport", "PoolTransport": "transport", "Transport": "transport", "Utterance": "transport"}
+         "Opened": "transport", "PoolTransport": "transport", "Transport": "transport", "Context": "transport"}
 
 
 def __getattr__(name: str) -> Any:

@@ -36,7 +36,7 @@ from gateway.livekit.settings import AgentSettings
 from gateway.livekit.tts import TTS
 from gpu_worker.open_cluster import require_cluster_token
 from gpu_worker.open_files import raise_open_file_limit
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 from hashring.errors import RingUnavailable
 from hashring.membership import RingWatcher
 from hashring.presence import Announcer, default_id
@@ -105,7 +105,7 @@ class VoiceAgent:
         s = self.settings
         return TTS(voice=s.voice, ring=s.redis_url, ring_settings=s.ring_settings(),
                    cluster_token=s.cluster_token.get_secret_value() if s.cluster_token else None,
-                   options=UtteranceOptions(seed=s.seed), min_sentence_chars=s.min_sentence_chars)
+                   options=ContextOptions(seed=s.seed), min_sentence_chars=s.min_sentence_chars)
 
     def session(self, voice: TTS) -> AgentSession:
         s = self.settings

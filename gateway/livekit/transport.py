@@ -1,10 +1,10 @@
-"""The plugin's seam to the fleet: open an utterance, feed it text, read its audio.
+"""The plugin's seam to the fleet: open a context, feed it text, read its audio.
 
-    Transport.open(voice, text, options) -> Opened(utterance, acquire_s, connection_reused)
-    Utterance: push(text) / flush() / end() / cancel() / audio() -> PCM chunks / done
+    Transport.open(voice, text, options) -> Opened(context, acquire_s, connection_reused)
+    Context: push(text) / flush() / end() / cancel() / audio() -> PCM chunks / done
 
 Two implementations, one plugin:
-- `PoolTransport`: inside the platform, over `gpu_worker.pool.WorkerPool` (ring routing or a fixed
+- `PoolTransport`: inside the platform, over `gpu_worker.client.pool.WorkerPool` (ring routing or a fixed
   list of URLs, the cluster token, one multiplexed websocket per worker, retry on another replica
   before the first audio).
 - `GatewayTransport`: an app developer's own agent, outside the fleet, through the public gateway's
@@ -12,13 +12,13 @@ Two implementations, one plugin:
   messages over one multiplexed socket (`gpu_worker.client.WorkerClient`), redialed when it drops;
   the gateway routes and retries behind it. Voice names are the tenant's.
 
-**Errors.** Everything that ends an utterance is raised as `WorkerRequestError` carrying the
+**Errors.** Everything that ends a context is raised as `WorkerRequestError` carrying the
 protocol's `Error` (code, message, retryable; codes in docs/protocol.md), whether a worker, the
 pool or this boundary produced it: Redis never read and an empty ring become `no_worker`
 (retryable), an unusable voice id `bad_request`. The plugin maps those codes to livekit's errors
 in one place. Messages never carry the Redis password or the token.
 
-Light: imports `gpu_worker.pool` / `.protocol` / `.client` and `hashring`, never torch or vLLM.
+Light: imports `gpu_worker.client.pool` / `.protocol` / `.client` and `hashring`, never torch or vLLM.
 """
 
 from __future__ import annotations
@@ -31,19 +31,18 @@ from typing import NamedTuple, Protocol
 
 from websockets.exceptions import InvalidStatus, WebSocketException
 
-from gpu_worker.client import UtteranceStream, WorkerClient, WorkerConnectionLost, WorkerRequestError
-from gpu_worker.pool import PoolSettings, RingRouter, WorkerPool
-from gpu_worker.protocol import Done, Error, UtteranceOptions
+from gpu_worker.client import (ContextStream, PoolSettings, RingPool, RingRouter, WorkerClient, WorkerConnectionLost,
+                               WorkerPool, WorkerRequestError, ring_pool)
+from gpu_worker.protocol import Done, Error, ContextOptions
 from hashring.errors import RingError
 from hashring.membership import RingWatcher
 from hashring.settings import RingSettings
-from hashring.store import RingStore
 
-__all__ = ["GatewayTransport", "Opened", "PoolTransport", "Transport", "Utterance"]
+__all__ = ["GatewayTransport", "Opened", "PoolTransport", "Transport", "Context"]
 
 
-class Utterance(Protocol):
-    """One context on the fleet (`gpu_worker.pool.PoolStream` is one)."""
+class Context(Protocol):
+    """One context on the fleet (`gpu_worker.client.pool.PoolStream` is one)."""
 
     done: Done | None  # the worker's stats once it completed (None while running, or if it failed)
 
@@ -56,19 +55,19 @@ class Utterance(Protocol):
     async def cancel(self) -> None: ...
 
     def audio(self) -> AsyncIterator[bytes]:
-        """24 kHz mono s16le chunks until `done`; raises `WorkerRequestError` if the utterance fails."""
+        """24 kHz mono s16le chunks until `done`; raises `WorkerRequestError` if the context fails."""
         ...
 
 
 class Opened(NamedTuple):
-    utterance: Utterance
+    context: Context
     acquire_s: float  # routing + connection (dial, if any) + sending the start
     connection_reused: bool  # no new connection was opened for it
 
 
 class Transport(Protocol):
-    async def open(self, voice: str, text: str, options: UtteranceOptions) -> Opened:
-        """Start an utterance (``text`` may be empty: more follows by `push`); raises
+    async def open(self, voice: str, text: str, options: ContextOptions) -> Opened:
+        """Start a context (``text`` may be empty: more follows by `push`); raises
         `WorkerRequestError` when no worker takes it."""
         ...
 
@@ -80,13 +79,13 @@ class Transport(Protocol):
 
 
 class PoolTransport:
-    """Utterances through a `WorkerPool` (cluster token, ring or static routing).
+    """Contexts through a `WorkerPool` (cluster token, ring or static routing).
 
-    `ring(...)`: a Redis URL (the transport then owns a `RingStore` + `RingWatcher` of its own,
+    `ring(...)`: a Redis URL (the transport then owns a `RingPool` chain of its own,
     started on first use, retried on the next use while Redis is down, closed by `aclose`) or a
     running `RingWatcher` that the caller owns. `static(...)`: fixed worker URLs, no Redis."""
 
-    def __init__(self, pool: WorkerPool, *, own_ring: tuple[RingStore, RingWatcher] | None = None) -> None:
+    def __init__(self, pool: WorkerPool, *, own_ring: RingPool | None = None) -> None:
         self._pool = pool
         self._own_ring = own_ring
         self._watching = False
@@ -101,10 +100,8 @@ class PoolTransport:
         pool_settings = replace(pool_settings or PoolSettings(), token=token)
         if isinstance(ring, RingWatcher):
             return cls(WorkerPool(RingRouter(ring, settings), pool_settings))
-        settings = replace(settings, redis_url=ring)
-        store = RingStore(settings)
-        watcher = RingWatcher(store)
-        return cls(WorkerPool(RingRouter(watcher, settings), pool_settings), own_ring=(store, watcher))
+        chain = ring_pool(replace(settings, redis_url=ring), pool_settings)
+        return cls(chain.pool, own_ring=chain)
 
     @classmethod
     def static(cls, urls: Sequence[str], *, token: str | None = None,
@@ -115,14 +112,19 @@ class PoolTransport:
     def pool(self) -> WorkerPool:
         return self._pool
 
-    async def open(self, voice: str, text: str, options: UtteranceOptions) -> Opened:
+    @property
+    def own_ring(self) -> RingPool | None:
+        """The ring chain this transport owns (None: the caller's watcher, or static routing)."""
+        return self._own_ring
+
+    async def open(self, voice: str, text: str, options: ContextOptions) -> Opened:
         await self._watch()
         began, handshakes = time.perf_counter(), self._pool.handshakes
         try:
             stream = await self._pool.start(voice, text, options=options)
         except RingError as exc:  # a voice id routing refuses (the pool maps an empty ring itself)
             raise _no_route(exc) from None
-        # Another utterance's dial in the same moment counts as not reused: the conservative reading.
+        # Another context's dial in the same moment counts as not reused: the conservative reading.
         return Opened(stream, time.perf_counter() - began, self._pool.handshakes == handshakes)
 
     async def prewarm(self, voice: str) -> int:
@@ -133,11 +135,10 @@ class PoolTransport:
             raise _no_route(exc) from None
 
     async def aclose(self) -> None:
-        await self._pool.aclose()
         if self._own_ring is not None:
-            store, watcher = self._own_ring
-            await watcher.aclose()
-            await store.aclose()
+            await self._own_ring.aclose()  # the pool, then the watcher and the store
+        else:
+            await self._pool.aclose()
 
     async def _watch(self) -> None:
         """Start the ring watcher this transport owns, once (no-op for a caller's watcher)."""
@@ -146,9 +147,8 @@ class PoolTransport:
         async with self._lock:
             if self._watching:
                 return
-            _, watcher = self._own_ring
             try:
-                await watcher.start()
+                await self._own_ring.start()
             except RingError as exc:  # Redis down before the first read: no ring to route on yet
                 raise WorkerRequestError(Error("no_worker", f"no worker ring has been read yet: {exc.message}",
                                                exc.retryable)) from None
@@ -160,10 +160,10 @@ def _no_route(exc: RingError) -> WorkerRequestError:
 
 
 class GatewayTransport:
-    """Utterances through the public gateway's `/v1/tts/stream` with a tenant API key.
+    """Contexts through the public gateway's `/v1/tts/stream` with a tenant API key.
 
     ``url``: the gateway's base URL (`https://voices.example.com` or `ws://127.0.0.1:8000`; the
-    stream path is added). One websocket carries every utterance (many contexts), opened on
+    stream path is added). One websocket carries every context (many contexts), opened on
     first use or by `prewarm`, and opened again after it dropped."""
 
     def __init__(self, url: str, api_key: str, *, open_timeout_s: float = 10.0) -> None:
@@ -175,14 +175,14 @@ class GatewayTransport:
         self._lock = asyncio.Lock()
         self.connections = 0  # websockets opened over the transport's life
 
-    async def open(self, voice: str, text: str, options: UtteranceOptions) -> Opened:
+    async def open(self, voice: str, text: str, options: ContextOptions) -> Opened:
         began = time.perf_counter()
         client, reused = await self._connected()
         try:
             stream = await client.start(voice, text, options=options)
         except WorkerConnectionLost as exc:
             raise WorkerRequestError(Error("no_worker", f"the gateway connection dropped: {exc}", True)) from None
-        return Opened(_GatewayUtterance(stream), time.perf_counter() - began, reused)
+        return Opened(_GatewayContext(stream), time.perf_counter() - began, reused)
 
     async def prewarm(self, voice: str) -> int:
         await self._connected()
@@ -211,11 +211,11 @@ class GatewayTransport:
             return self._client, False
 
 
-class _GatewayUtterance:
+class _GatewayContext:
     """A `WorkerClient` stream whose dropped connection is a `WorkerRequestError` like every other
     failure: retryable before any audio (nothing was heard), `worker_lost` after."""
 
-    def __init__(self, stream: UtteranceStream) -> None:
+    def __init__(self, stream: ContextStream) -> None:
         self._stream = stream
 
     @property
@@ -241,7 +241,7 @@ class _GatewayUtterance:
         except WorkerConnectionLost:
             heard = self._stream.first_audio_at is not None
             raise WorkerRequestError(Error("worker_lost" if heard else "no_worker",
-                                           "the gateway connection dropped mid-utterance", not heard)) from None
+                                           "the gateway connection dropped mid-context", not heard)) from None
 
     async def _guard(self, sending) -> None:
         try:

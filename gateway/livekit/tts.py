@@ -3,8 +3,8 @@
     tts = TTS(voice="tara", ring="redis://10.0.0.5:6379/0", cluster_token=token)
     session = AgentSession(stt=..., llm=..., tts=tts)
 
-**Routing.** `ring=` (a Redis URL, or a `RingWatcher` the caller runs) sends each utterance to the
-voice's owning worker over the shared `gpu_worker.pool.WorkerPool`: one multiplexed websocket per
+**Routing.** `ring=` (a Redis URL, or a `RingWatcher` the caller runs) sends each context to the
+voice's owning worker over the shared `gpu_worker.client.pool.WorkerPool`: one multiplexed websocket per
 worker for every stream of this TTS, so a turn costs no handshake and an interrupted turn costs no
 reconnect. `workers=[url, ...]` does the same over fixed URLs. `transport=` plugs in any other
 `gateway.livekit.transport.Transport` (the public gateway's websocket, for apps outside the
@@ -16,7 +16,7 @@ speak (`flush`) at each complete sentence (`sentences.py`), so the first sentenc
 the LLM still writes; audio is pushed to the framework chunk by chunk. `aclose()` (an
 interruption) cancels the context on the worker at once (its engine request is aborted) and
 nothing of it is emitted afterwards. A turn with no text ends cleanly: no context, no audio, no
-"no audio frames" error. `synthesize()` speaks one text as one utterance.
+"no audio frames" error. `synthesize()` speaks one text as one context.
 
 **Errors** (worker-protocol codes -> livekit's, in `api_error`): retryable only while none of the
 stream's audio reached the framework (its retry replays the input; the pool has already tried
@@ -43,10 +43,9 @@ from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS
 
 from gateway.livekit.log import logger as log  # livekit.plugins.voicering
 from gateway.livekit.sentences import DEFAULT_MIN_SENTENCE_CHARS, SentenceSplitter
-from gateway.livekit.transport import Opened, PoolTransport, Transport, Utterance
-from gpu_worker.client import WorkerRequestError
-from gpu_worker.pool import PoolSettings
-from gpu_worker.protocol import Done, UtteranceOptions
+from gateway.livekit.transport import Opened, PoolTransport, Transport, Context
+from gpu_worker.client import PoolSettings, WorkerRequestError
+from gpu_worker.protocol import Done, ContextOptions
 from hashring.errors import InvalidVoiceId
 from hashring.membership import RingWatcher
 from hashring.records import check_voice_id
@@ -70,12 +69,12 @@ class TTSOptions:
     reaches a running stream)."""
 
     voice: str
-    utterance: UtteranceOptions = field(default_factory=UtteranceOptions)  # seed, temperature, max_tokens, ...
+    context: ContextOptions = field(default_factory=ContextOptions)  # seed, temperature, max_tokens, ...
     min_sentence_chars: int = DEFAULT_MIN_SENTENCE_CHARS  # shorter sentences are spoken with the next
 
 
 def api_error(exc: WorkerRequestError, voice: str, *, after_audio: bool) -> APIError:
-    """livekit's error for a failed utterance; never retryable once its audio reached the framework."""
+    """livekit's error for a failed context; never retryable once its audio reached the framework."""
     e = exc.error
     retryable = e.retryable and not after_audio
     body = {"code": e.code, "voice": voice}
@@ -85,7 +84,7 @@ def api_error(exc: WorkerRequestError, voice: str, *, after_audio: bool) -> APIE
         return APIStatusError(f"voice {voice!r} is not available on the voicering fleet: {e.message}", status_code=404,
                               body=body, retryable=False)
     if e.code in _STATUS:
-        return APIStatusError(f"voicering refused the utterance ({e.code}): {e.message}", status_code=_STATUS[e.code],
+        return APIStatusError(f"voicering refused the context ({e.code}): {e.message}", status_code=_STATUS[e.code],
                               body=body, retryable=False)
     if e.code in _CONNECTION:
         error = APIConnectionError(f"voicering: {e.code}: {e.message}", retryable=retryable)
@@ -104,19 +103,19 @@ def _voice(voice: str) -> str:
 class TTS(tts.TTS):
     def __init__(self, *, voice: str, ring: str | RingWatcher | None = None, workers: Sequence[str] | None = None,
                  transport: Transport | None = None, cluster_token: str | None = None,
-                 options: UtteranceOptions | None = None, ring_settings: RingSettings | None = None,
+                 options: ContextOptions | None = None, ring_settings: RingSettings | None = None,
                  pool_settings: PoolSettings | None = None,
                  min_sentence_chars: int = DEFAULT_MIN_SENTENCE_CHARS) -> None:
         """Exactly one of ``ring`` (Redis URL or running `RingWatcher`), ``workers`` (URLs) or
         ``transport``. ``cluster_token``: the workers' `VOICERING_WORKER_CLUSTER_TOKEN`.
-        ``ring_settings``: the fleet's (prefix, vnodes, replicas); ``options``: per-utterance knobs."""
+        ``ring_settings``: the fleet's (prefix, vnodes, replicas); ``options``: per-context knobs."""
         super().__init__(capabilities=tts.TTSCapabilities(streaming=True), sample_rate=SAMPLE_RATE,
                          num_channels=NUM_CHANNELS)
         if sum(x is not None for x in (ring, workers, transport)) != 1:
             raise ValueError("give exactly one of ring= (a Redis URL or RingWatcher), workers= (URLs) or transport=")
         if min_sentence_chars < 0:
             raise ValueError("min_sentence_chars must be >= 0")
-        self._opts = TTSOptions(_voice(voice), options or UtteranceOptions(), min_sentence_chars)
+        self._opts = TTSOptions(_voice(voice), options or ContextOptions(), min_sentence_chars)
         if ring is not None:
             transport = PoolTransport.ring(ring, settings=ring_settings, token=cluster_token, pool_settings=pool_settings)
         elif workers is not None:
@@ -142,14 +141,14 @@ class TTS(tts.TTS):
     def transport(self) -> Transport:
         return self._transport
 
-    def update_options(self, *, voice: str | None = None, options: UtteranceOptions | None = None,
+    def update_options(self, *, voice: str | None = None, options: ContextOptions | None = None,
                        min_sentence_chars: int | None = None) -> None:
         """Applies to streams started from now on; running ones keep the options they started with."""
         changes: dict[str, object] = {}
         if voice is not None:
             changes["voice"] = _voice(voice)
         if options is not None:
-            changes["utterance"] = options
+            changes["context"] = options
         if min_sentence_chars is not None:
             if min_sentence_chars < 0:
                 raise ValueError("min_sentence_chars must be >= 0")
@@ -194,7 +193,7 @@ class TTS(tts.TTS):
 
 
 class _Speech:
-    """One attempt's utterance: opened on its first text, drained into the emitter, and cancelled on
+    """One attempt's context: opened on its first text, drained into the emitter, and cancelled on
     the worker unless it completed. Maps every transport error to livekit's at this boundary."""
 
     def __init__(self, transport: Transport, opts: TTSOptions, emitter: tts.AudioEmitter,
@@ -207,19 +206,19 @@ class _Speech:
         self.audio_pushed = False
 
     @property
-    def utterance(self) -> Utterance | None:
-        return self.opened.utterance if self.opened else None
+    def context(self) -> Context | None:
+        return self.opened.context if self.opened else None
 
     @property
     def done(self) -> Done | None:
-        """The worker's `done` once the utterance completed."""
-        utterance = self.utterance
-        return utterance.done if utterance else None
+        """The worker's `done` once the context completed."""
+        context = self.context
+        return context.done if context else None
 
     async def open(self, text: str) -> Opened:
         try:
             async with asyncio.timeout(self._conn_options.timeout or None):
-                self.opened = await self._transport.open(self._opts.voice, text, self._opts.utterance)
+                self.opened = await self._transport.open(self._opts.voice, text, self._opts.context)
         except TimeoutError:
             raise APITimeoutError(f"voicering: no worker took voice {self._opts.voice!r} within "
                                   f"{self._conn_options.timeout:g} s") from None
@@ -228,54 +227,54 @@ class _Speech:
         return self.opened
 
     async def send(self, text: str, flush: bool) -> None:
-        utterance = self.utterance
-        assert utterance is not None
+        context = self.context
+        assert context is not None
         try:
             if text:
-                await utterance.push(text)
+                await context.push(text)
             if flush:
-                await utterance.flush()
+                await context.flush()
         except WorkerRequestError as exc:
             raise api_error(exc, self._opts.voice, after_audio=self.audio_pushed) from exc
 
     async def end(self) -> None:
-        utterance = self.utterance
-        assert utterance is not None
+        context = self.context
+        assert context is not None
         try:
-            await utterance.end()
+            await context.end()
         except WorkerRequestError as exc:
             raise api_error(exc, self._opts.voice, after_audio=self.audio_pushed) from exc
 
     async def drain(self) -> None:
         """Push every chunk to the emitter as it arrives, until the worker's `done`."""
-        utterance = self.utterance
-        assert utterance is not None
+        context = self.context
+        assert context is not None
         try:
-            async for pcm in utterance.audio():
+            async for pcm in context.audio():
                 self._emitter.push(pcm)
                 self.audio_pushed = True
         except WorkerRequestError as exc:
             raise api_error(exc, self._opts.voice, after_audio=self.audio_pushed) from exc
-        done = utterance.done
+        done = context.done
         if done is not None and done.stats.finish_reason == "length":
             log.debug("voicering: an engine request of voice %r hit its max_tokens; its audio is cut short",
                       self._opts.voice)
 
     async def aclose(self) -> None:
         """Cancel the context on the worker unless it completed (interrupted, failed elsewhere)."""
-        utterance = self.utterance
-        if utterance is None or utterance.done is not None:
+        context = self.context
+        if context is None or context.done is not None:
             return
         try:
             async with asyncio.timeout(CANCEL_TIMEOUT_S):
-                await utterance.cancel()
+                await context.cancel()
         except (TimeoutError, WorkerRequestError) as exc:
-            log.warning("voicering: could not cancel an utterance of voice %r (%s); the worker ends it when its "
+            log.warning("voicering: could not cancel a context of voice %r (%s); the worker ends it when its "
                         "connection closes or its idle timeout passes", self._opts.voice, exc)
 
 
 class ChunkedStream(tts.ChunkedStream):
-    """`synthesize()`: one text, one utterance."""
+    """`synthesize()`: one text, one context."""
 
     def __init__(self, *, tts: TTS, input_text: str, conn_options: APIConnectOptions) -> None:
         self._opts = replace(tts.options)  # before the framework starts _run
@@ -313,7 +312,7 @@ class SynthesizeStream(tts.SynthesizeStream):
                                   mime_type="audio/pcm", stream=True)
         speech = _Speech(self._tts.transport, self._opts, output_emitter, self._conn_options)
         splitter = SentenceSplitter(self._opts.min_sentence_chars)
-        opened = asyncio.Event()  # set once the utterance is open, or when input ended without one
+        opened = asyncio.Event()  # set once the context is open, or when input ended without one
 
         async def send(text: str, flush: bool) -> None:
             if speech.opened is not None:

@@ -5,7 +5,7 @@ model). The package itself is never imported (its `__init__` pulls librosa and w
 file is found through the import system, pinned by sha256 and loaded with `weights_only=True` into
 the small module below, which matches the checkpoint's state dict. The front end is rebuilt here:
 16 kHz, 25 ms Hann window, 10 ms hop, 40 Slaney mel bands (area-normalised) of the power
-spectrum, not logged; level normalised to -30 dBFS; partial utterances of 160 frames (1.6 s).
+spectrum, not logged; level normalised to -30 dBFS; partial contexts of 160 frames (1.6 s).
 
 A window's embedding is a unit vector; a clip's is the normalised mean of its windows'. Scores are
 cosine similarities of these vectors: they are not comparable to published SIM-o (WavLM + ECAPA).
@@ -50,7 +50,7 @@ HOP = 160  # 10 ms
 N_MELS = 40
 FRAMES_PER_S = MODEL_SAMPLE_RATE // HOP  # 100
 PARTIAL_FRAMES = 160  # 1.6 s: the length the model was trained on
-CLIP_HOP_FRAMES = 77  # whole-clip embedding: ~1.3 partials per second, as resemblyzer embeds utterances
+CLIP_HOP_FRAMES = 77  # whole-clip embedding: ~1.3 partials per second, as resemblyzer embeds contexts
 MIN_COVERAGE = 0.75  # the last partial is kept if at least this much of it is audio (else dropped)
 TARGET_DBFS = -30.0  # level every clip is brought to before the mel front end
 HIDDEN = 256

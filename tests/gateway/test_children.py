@@ -1,4 +1,4 @@
-"""How `voicering up` stops and restarts a child (gateway.stack.children), with real processes: a
+"""How `voicering up` stops and restarts a child (voicering.stack.children), with real processes: a
 child that, like a worker over its vLLM engine core, runs a grandchild in its process group and
 stops it itself on SIGTERM. The graceful stop must reach only the child; a child stuck past its
 grace loses its whole group, and so does a dead child before it is started again."""
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psutil
 
-from gateway.stack.children import Child, ChildSpec
-from gateway.stack.supervisor import RestartPolicy, Supervisor
+from voicering.stack.children import Child, ChildSpec
+from voicering.stack.supervisor import RestartPolicy, Supervisor
 
 # argv: the events file. The grandchild notes its SIGTERM; the child, on SIGTERM, notes it, waits a
 # second (a drain: long enough that a group-wide signal would already have reached the

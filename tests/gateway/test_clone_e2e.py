@@ -29,7 +29,7 @@ import pytest
 import soundfile as sf
 
 from gpu_worker.client import WorkerClient
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 from gateway.cloning.consent import PHRASE_WORDS
 from lora_training.consent import CONSENT_SENTENCE
 from lora_training.espeak import synthesize
@@ -247,7 +247,7 @@ async def test_a_clone_trains_becomes_ready_and_speaks(clone_gateway, trainer, w
                                         response_format="pcm", extra_body={"seed": 5, "max_tokens": 28})
     async with await WorkerClient.connect(worker.url) as direct:  # the clone's own samples, same seed
         expected = await direct.say(voice_id, "Hello from my new voice.",
-                                    options=UtteranceOptions(seed=5, max_tokens=28))
+                                    options=ContextOptions(seed=5, max_tokens=28))
     assert spoken.content and spoken.content == expected.pcm
 
     usage = api.get("/v1/usage").json()

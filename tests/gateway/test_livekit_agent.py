@@ -34,7 +34,7 @@ from gateway.livekit.agent import FleetLoad, VoiceAgent, build_server, fleet_loa
 from gateway.livekit.metrics import AgentMetrics
 from gateway.livekit.settings import AgentSettings
 from gpu_worker.process import free_port
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 from hashring.membership import RingWatcher
 from hashring.records import RingView, Snapshot, WorkerInfo
 from hashring.settings import RingSettings
@@ -119,8 +119,8 @@ class RecordingSink(AudioOutput):
         return b"".join(f.data.tobytes() for f in self.frames)
 
 
-def opts(seed: int, max_tokens: int = 15) -> UtteranceOptions:
-    return UtteranceOptions(max_tokens=max_tokens, seed=seed)
+def opts(seed: int, max_tokens: int = 15) -> ContextOptions:
+    return ContextOptions(max_tokens=max_tokens, seed=seed)
 
 
 def without_end_marker(pcm: bytes) -> bytes:
@@ -220,7 +220,7 @@ async def test_the_entrypoint_joins_under_livekit_s_fake_job_context(worker, red
         session = await asyncio.wait_for(entry.start(ctx), timeout=60)
         voice = session.tts
         try:
-            assert isinstance(voice, TTS) and voice.options.voice == VOICE and voice.options.utterance.seed == 85
+            assert isinstance(voice, TTS) and voice.options.voice == VOICE and voice.options.context.seed == 85
             pool = voice.transport.pool
             deadline = time.monotonic() + 30  # prewarm dials the voice's owner in the background
             while not pool.connections("worker-a"):

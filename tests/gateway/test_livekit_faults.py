@@ -17,7 +17,7 @@ from livekit.agents import APIConnectionError, APIConnectOptions
 
 from gateway.livekit import TTS
 from gpu_worker.adapters import publish_adapter
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 from hashring.membership import RingWatcher
 from hashring.placement import place
 from hashring.settings import RingSettings
@@ -28,7 +28,7 @@ from tests.gateway.test_livekit_tts import direct_like_the_plugin
 EXTRA = "worker-lk"
 VOICES = [f"lk/v{i}" for i in range(12)]
 NO_RETRY = APIConnectOptions(max_retry=0, timeout=10)
-SHORT = UtteranceOptions(max_tokens=43, seed=93)
+SHORT = ContextOptions(max_tokens=43, seed=93)
 
 
 def ring_settings(redis_url: str) -> RingSettings:
@@ -63,7 +63,7 @@ def plugin_for(redis_url: str, voice: str, seed: int, max_tokens: int = 15) -> T
     # A generous load bound: both of the test's turns stay on the owner instead of the second
     # spilling to worker-a (bounded loads would move it at 2 streams against 0).
     return TTS(voice=voice, ring=redis_url, ring_settings=replace(ring_settings(redis_url), balance=4.0),
-               options=UtteranceOptions(max_tokens=max_tokens, seed=seed))
+               options=ContextOptions(max_tokens=max_tokens, seed=seed))
 
 
 async def test_the_ring_routes_a_voice_to_its_owner_only(owned, redis_url):

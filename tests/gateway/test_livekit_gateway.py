@@ -10,7 +10,7 @@ from livekit.agents import APIStatusError
 from gateway.livekit import TTS
 from gateway.livekit.transport import GatewayTransport
 from gpu_worker.client import WorkerClient
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 from tests.gateway.test_livekit_tts import direct_like_the_plugin, pcm_of, speak, words
 
 TEXT = "Hello from an app's own agent. It speaks through the public gateway."
@@ -19,17 +19,17 @@ TEXT = "Hello from an app's own agent. It speaks through the public gateway."
 async def test_stream_and_synthesize_through_the_gateway_equal_the_worker_s_samples(gateway, worker, new_tenant):
     _, key = await new_tenant()
     transport = GatewayTransport(gateway.url, key)
-    plugin = TTS(voice="tara", transport=transport, options=UtteranceOptions(seed=31, max_tokens=22))
+    plugin = TTS(voice="tara", transport=transport, options=ContextOptions(seed=31, max_tokens=22))
     try:
         streamed = await speak(plugin, words(TEXT))
         synthesized = [ev async for ev in plugin.synthesize("One line.")]
         again = await speak(plugin, words("And a second turn."))
     finally:
         await plugin.aclose()
-    direct = await direct_like_the_plugin(worker.url, words(TEXT), UtteranceOptions(seed=31, max_tokens=22))
+    direct = await direct_like_the_plugin(worker.url, words(TEXT), ContextOptions(seed=31, max_tokens=22))
     assert pcm_of(streamed) == direct and direct
     async with await WorkerClient.connect(worker.url) as client:
-        line = await client.say("tara", "One line.", options=UtteranceOptions(seed=31, max_tokens=22))
+        line = await client.say("tara", "One line.", options=ContextOptions(seed=31, max_tokens=22))
     assert pcm_of(synthesized) == line.pcm
     assert pcm_of(again)
     assert transport.connections == 1  # three turns, one websocket to the gateway
@@ -38,10 +38,10 @@ async def test_stream_and_synthesize_through_the_gateway_equal_the_worker_s_samp
 
 async def test_a_bad_key_and_another_tenant_s_voice_are_clear_non_retryable_errors(gateway, new_tenant):
     bad = TTS(voice="tara", transport=GatewayTransport(gateway.url, "vr_not-a-key"),
-              options=UtteranceOptions(seed=1, max_tokens=15))
+              options=ContextOptions(seed=1, max_tokens=15))
     _, key = await new_tenant()
     unknown = TTS(voice="t_aaaaaaaaaa/their-voice", transport=GatewayTransport(gateway.url, key),
-                  options=UtteranceOptions(seed=1, max_tokens=15))
+                  options=ContextOptions(seed=1, max_tokens=15))
     try:
         with pytest.raises(APIStatusError) as err:
             await speak(bad, ["Hi."])

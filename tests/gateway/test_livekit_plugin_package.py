@@ -31,7 +31,7 @@ from livekit.plugins import voicering
 from livekit.agents import Plugin
 
 async def main(url):
-    tts = voicering.TTS(voice="tara", workers=[url], options=voicering.UtteranceOptions(seed=3, max_tokens=15))
+    tts = voicering.TTS(voice="tara", workers=[url], options=voicering.ContextOptions(seed=3, max_tokens=15))
     try:
         speech = tts.synthesize("Hello from a fresh environment.")
         pcm = b"".join([ev.frame.data.tobytes() async for ev in speech])

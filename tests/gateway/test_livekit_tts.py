@@ -18,7 +18,7 @@ from gateway.livekit import TTS
 from gateway.livekit.sentences import SentenceSplitter
 from gpu_worker.client import WorkerClient
 from gpu_worker.process import free_port
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 from hashring.membership import RingWatcher
 from hashring.settings import RingSettings
 from hashring.store import RingStore
@@ -30,8 +30,8 @@ NO_RETRY = APIConnectOptions(max_retry=0, timeout=10)
 MARKER_BYTES = 2 * 240  # the framework's 10 ms end-of-segment marker (synthetic silence), 24 kHz mono s16
 
 
-def opts(seed: int = 1, max_tokens: int = 15) -> UtteranceOptions:
-    return UtteranceOptions(max_tokens=max_tokens, seed=seed)
+def opts(seed: int = 1, max_tokens: int = 15) -> ContextOptions:
+    return ContextOptions(max_tokens=max_tokens, seed=seed)
 
 
 def ring_settings(redis_url: str) -> RingSettings:
@@ -84,7 +84,7 @@ def words(text: str) -> list[str]:
     return [p if i == 0 else " " + p for i, p in enumerate(parts)]
 
 
-async def direct_like_the_plugin(url: str, chunks: list[str], options: UtteranceOptions, voice: str = VOICE) -> bytes:
+async def direct_like_the_plugin(url: str, chunks: list[str], options: ContextOptions, voice: str = VOICE) -> bytes:
     """The same messages the plugin sends (first text in `start`, a flush per sentence, `end`),
     straight to the worker with its own client."""
     splitter = SentenceSplitter()
@@ -148,7 +148,7 @@ async def test_update_options_reaches_new_streams_but_never_a_running_one(worker
         new = await speak(plugin, ["A line spoken with the first seed."])
     finally:
         await plugin.aclose()
-    assert plugin.options.voice == "leo" and plugin.options.utterance.seed == 22
+    assert plugin.options.voice == "leo" and plugin.options.context.seed == 22
     async with await WorkerClient.connect(worker.url) as client:
         want_old = await client.say("tara", "A line spoken with the first seed.", options=opts(seed=21))
         want_new = await client.say("leo", "A line spoken with the first seed.", options=opts(seed=22))
@@ -163,7 +163,7 @@ async def test_an_empty_turn_ends_cleanly_with_no_audio_no_error_and_no_context(
     try:
         events = await speak(plugin, chunks, conn_options=NO_RETRY)
         chunked = [ev async for ev in plugin.synthesize("  ")]
-        assert plugin.transport.pool.handshakes == 0  # no utterance was ever opened
+        assert plugin.transport.pool.handshakes == 0  # no context was ever opened
     finally:
         await plugin.aclose()
     assert events == [] and chunked == [] and errors == []
@@ -225,7 +225,7 @@ async def test_stream_adapter_and_fallback_adapter_work_around_the_plugin(worker
     assert [(c.tts, c.available) for c in changes][:1] == [(dead, False)]
 
 
-async def _say(worker, text: str, options: UtteranceOptions) -> bytes:
+async def _say(worker, text: str, options: ContextOptions) -> bytes:
     async with await WorkerClient.connect(worker.url) as client:
         return (await client.say(VOICE, text, options=options)).pcm
 
@@ -297,9 +297,10 @@ async def test_redis_down_the_plugin_routes_on_its_cached_ring(worker, redis_ser
         before = await speak(plugin, ["Redis is up."])
         redis_server.kill()
         try:
-            await asyncio.sleep(2.5)  # the plugin's watcher has failed a refresh by now
-            watcher = plugin.transport._own_ring[1]
-            assert watcher.stale and watcher.last_error is not None
+            watcher = plugin.transport.own_ring.watcher
+            async with asyncio.timeout(60):  # the plugin's watcher fails its next refresh
+                while not (watcher.stale and watcher.last_error is not None):
+                    await asyncio.sleep(0.05)
             during = await speak(plugin, ["Redis is down."], conn_options=NO_RETRY)
             fresh = ring_tts(redis_url)  # never read a ring: a retryable error that says why
             try:

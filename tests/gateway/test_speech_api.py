@@ -17,7 +17,7 @@ import pytest
 import soundfile as sf
 
 from gpu_worker.client import WorkerClient
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 
 FORMATS = ["mp3", "opus", "aac", "flac", "wav", "pcm"]
 EXTRA = {"seed": 11, "max_tokens": 15}  # voicering's own fields: reproducible and short (2 frames)
@@ -81,7 +81,7 @@ async def test_pcm_equals_the_worker_s_samples_for_the_same_seed(gateway, worker
     response = await api.audio.speech.create(model="voicering-orpheus", voice="tara", input="Same seed, same audio.",
                                              response_format="pcm", extra_body=EXTRA)
     async with await WorkerClient.connect(worker.url) as direct:
-        spoken = await direct.say("tara", "Same seed, same audio.", options=UtteranceOptions(seed=11, max_tokens=15))
+        spoken = await direct.say("tara", "Same seed, same audio.", options=ContextOptions(seed=11, max_tokens=15))
     assert response.content == spoken.pcm and spoken.pcm
 
 
@@ -188,7 +188,7 @@ def test_the_openapi_schema_documents_speech(gateway):
     assert "/v1/audio/speech" in schema["paths"] and "SpeechRequest" in schema["components"]["schemas"]
 
 
-def test_first_audio_is_sent_before_the_utterance_is_spoken(gateway, key):
+def test_first_audio_is_sent_before_the_context_is_spoken(gateway, key):
     """The body is chunked and its first bytes leave with the first audio: with 40 frames to speak,
     the first chunk arrives well before the last."""
     chunks = []

@@ -11,7 +11,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from gpu_worker.client import WorkerClient
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 
 
 def auth(key: str) -> dict[str, str]:
@@ -61,7 +61,7 @@ async def test_every_worker_full_is_503_with_retry_after(gateway, worker, new_te
     _, key = await new_tenant()
     holders = [await WorkerClient.connect(worker.url) for _ in range(2)]  # 4 per connection, its share
     try:
-        streams = [await holders[i % 2].start("leo", "Hold.", options=UtteranceOptions(seed=i, max_tokens=3000))
+        streams = [await holders[i % 2].start("leo", "Hold.", options=ContextOptions(seed=i, max_tokens=3000))
                    for i in range(8)]
         for stream in streams:
             await stream.end()

@@ -1,12 +1,12 @@
 """A speech response cut short after its first audio must look cut short (issue 19, M5).
 
-The 200 is out once audio flows, so a worker lost mid-utterance cannot change the status: SSE
+The 200 is out once audio flows, so a worker lost mid-context cannot change the status: SSE
 ends with an `error` event (OpenAI's error object) and no `speech.audio.done`; raw audio ends
 without the chunked body's last chunk, so httpx and the openai client raise instead of handing
 back a short file as if it were whole.
 
 The failure is real: a worker of this test's own (the session worker is shared), behind a gateway
-pinned to it, SIGKILLed while three streams are mid-utterance. Worker and gateway stop at the end.
+pinned to it, SIGKILLed while three streams are mid-context. Worker and gateway stop at the end.
 
 The gateway says so once, in its own words (issue 34 item 16): one line for the burst, naming how
 many responses were cut, the worker and why, with their trace ids; never uvicorn's "ASGI callable
@@ -97,7 +97,7 @@ async def test_audio_cut_after_its_first_chunk_is_an_error_for_every_client(doom
 
     tasks = [asyncio.create_task(raw_httpx()), asyncio.create_task(raw_openai()), asyncio.create_task(sse())]
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 180)
-    os.killpg(worker.proc.pid, signal.SIGKILL)  # the worker and its engine, mid-utterance
+    os.killpg(worker.proc.pid, signal.SIGKILL)  # the worker and its engine, mid-context
     (raw_got, raw_error), (sdk_got, sdk_error), events = await asyncio.wait_for(asyncio.gather(*tasks), 120)
 
     # raw audio: the body ends without its last chunk; both clients raise

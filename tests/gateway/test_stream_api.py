@@ -14,7 +14,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from gpu_worker.client import WorkerClient
-from gpu_worker.protocol import AudioChunk, UtteranceOptions
+from gpu_worker.protocol import AudioChunk, ContextOptions
 
 
 def auth(key: str) -> dict[str, str]:
@@ -50,7 +50,7 @@ async def test_a_context_speaks_the_same_audio_as_the_worker(gateway, worker, ne
         await ws.send(json.dumps({"type": "end", "context_id": "a"}))
         got = (await collect(ws, {"a"}))["a"]
     async with await WorkerClient.connect(worker.url) as direct:
-        stream = await direct.start("tara", "Streamed in ", options=UtteranceOptions(seed=21, max_tokens=15))
+        stream = await direct.start("tara", "Streamed in ", options=ContextOptions(seed=21, max_tokens=15))
         await stream.push("two parts.")
         await stream.end()
         pcm = b"".join([chunk async for chunk in stream.audio()])

@@ -26,10 +26,10 @@ import psutil
 import pytest
 import redis
 
-from gateway.stack.folder import AlreadyRunning, StackFolder
-from gateway.stack.local_tenant import ensure_local_tenant
-from gateway.stack.plan import QUICK_CLONE_PARAMS, ExposedWithoutToken, Models, PortInUse, check_ports, plan_stack
-from gateway.stack.settings import UpSettings
+from voicering.stack.folder import AlreadyRunning, StackFolder
+from voicering.stack.local_tenant import ensure_local_tenant
+from voicering.stack.plan import QUICK_CLONE_PARAMS, ExposedWithoutToken, Models, PortInUse, check_ports, plan_stack
+from voicering.stack.settings import UpSettings
 from hashring.embedded import EmbeddedRedis
 from tests.fixtures.models import REPO, STAND_IN_CACHE
 

@@ -17,7 +17,7 @@ from websockets.exceptions import ConnectionClosed
 from bench.worker import derive_voice
 from gpu_worker.adapters import publish_adapter
 from gpu_worker.client import WorkerClient, WorkerRequestError
-from gpu_worker.protocol import PROTOCOL_HEADER, UtteranceOptions
+from gpu_worker.protocol import PROTOCOL_HEADER, ContextOptions
 from tests.fixtures.models import start_worker
 
 SMALL = {"VOICERING_WORKER_MAX_CPU_LORAS": "2", "VOICERING_WORKER_SEND_QUEUE": "2",
@@ -37,14 +37,14 @@ def small_worker(stand_in, adapter_store, tmp_path_factory):
 
 async def test_stream_limit_answers_busy_at_once_then_admits_again(small_worker):
     async with await WorkerClient.connect(small_worker.url) as client:
-        long = UtteranceOptions(max_tokens=3000, seed=1)
+        long = ContextOptions(max_tokens=3000, seed=1)
         first = await client.start("tara", "One.", options=long)
         second = await client.start("tara", "Two.", options=long)  # one LoRA slot: same voice runs together
         for stream in (first, second):
             await stream.end()
             async for _ in stream.audio():  # both are really running
                 break
-        third = await client.start("tara", "Three.", options=UtteranceOptions(max_tokens=15))
+        third = await client.start("tara", "Three.", options=ContextOptions(max_tokens=15))
         await third.end()
         began = time.perf_counter()
         with pytest.raises(WorkerRequestError) as err:
@@ -58,7 +58,7 @@ async def test_stream_limit_answers_busy_at_once_then_admits_again(small_worker)
         for stream in (first, second):
             async for _ in stream.audio():
                 pass
-        ok = await client.say("tara", "Four.", options=UtteranceOptions(max_tokens=15, seed=2))
+        ok = await client.say("tara", "Four.", options=ContextOptions(max_tokens=15, seed=2))
         assert ok.done.stats.frames == 2
     await small_worker.wait_idle()
 
@@ -74,7 +74,7 @@ async def test_a_consumer_that_stops_reading_is_cut_and_others_keep_going(small_
     stopped_reading = time.monotonic()
     # meanwhile another client is served normally (the stalled one never blocks it)
     async with await WorkerClient.connect(small_worker.url) as client:
-        speech = await client.say("leo", "I am listening.", options=UtteranceOptions(max_tokens=7 * 8 + 1, seed=4))
+        speech = await client.say("leo", "I am listening.", options=ContextOptions(max_tokens=7 * 8 + 1, seed=4))
     assert speech.done.stats.frames == 8
     # cut by the documented path (a write blocked for slow_consumer_s), long before the 40 s keepalive would
     while (await asyncio.to_thread(small_worker.health))["active_streams"] > 0:
@@ -89,7 +89,7 @@ async def test_a_consumer_that_stops_reading_is_cut_and_others_keep_going(small_
     await small_worker.wait_idle()
     metrics = await asyncio.to_thread(_metrics, small_worker)
     assert 'voicering_worker_rejected_total{reason="slow_consumer"} 1.0' in metrics
-    assert 'voicering_worker_utterances_total{outcome="slow_consumer"} 1.0' in metrics
+    assert 'voicering_worker_contexts_total{outcome="slow_consumer"} 1.0' in metrics
 
 
 def _metrics(worker) -> str:
@@ -106,7 +106,7 @@ async def test_voice_evicted_from_the_engine_cache_is_reloaded_and_served_identi
         if not (adapter_store / name).exists():
             publish_adapter(derive_voice(adapter_store / "tara", tmp_path / f"v{i}", seed=10 + i, prompt_name="lru"),
                             adapter_store, name)
-    probe = UtteranceOptions(max_tokens=7 * 6 + 1, seed=42)
+    probe = ContextOptions(max_tokens=7 * 6 + 1, seed=42)
     async with await WorkerClient.connect(small_worker.url) as client:
         first = await client.say("lru/x", "Remember me.", options=probe)
         others = [await client.say(name, "Remember me.", options=probe) for name in names[1:]]
@@ -122,7 +122,7 @@ async def test_voice_evicted_from_the_engine_cache_is_reloaded_and_served_identi
 async def test_a_context_that_sends_no_text_ends_and_frees_its_slot(small_worker):
     """Two silent `start`s would otherwise hold both slots of this worker forever."""
     async with await WorkerClient.connect(small_worker.url) as client:
-        silent = [await client.start("tara", options=UtteranceOptions(max_tokens=15)) for _ in range(2)]
+        silent = [await client.start("tara", options=ContextOptions(max_tokens=15)) for _ in range(2)]
         began = time.monotonic()
         for stream in silent:
             with pytest.raises(WorkerRequestError) as err:
@@ -130,15 +130,15 @@ async def test_a_context_that_sends_no_text_ends_and_frees_its_slot(small_worker
                     pass
             assert err.value.error.code == "idle_timeout" and not err.value.retryable
         assert 2.5 < time.monotonic() - began < 30
-        ok = await client.say("tara", "My turn.", options=UtteranceOptions(max_tokens=15, seed=5))
+        ok = await client.say("tara", "My turn.", options=ContextOptions(max_tokens=15, seed=5))
         assert ok.done.stats.frames == 2
     await small_worker.wait_idle()
 
 
 async def test_text_waiting_to_be_spoken_is_bounded_per_connection(small_worker):
     async with await WorkerClient.connect(small_worker.url) as client:
-        first = await client.start("tara", "a " * 1000, options=UtteranceOptions(max_tokens=15))  # 2000 characters held
-        second = await client.start("tara", options=UtteranceOptions(max_tokens=15))
+        first = await client.start("tara", "a " * 1000, options=ContextOptions(max_tokens=15))  # 2000 characters held
+        second = await client.start("tara", options=ContextOptions(max_tokens=15))
         await second.push("b " * 600)  # 3200 > 3000 for the connection: refused whole, this context ends
         with pytest.raises(WorkerRequestError) as err:
             async for _ in second.audio():
@@ -147,7 +147,7 @@ async def test_text_waiting_to_be_spoken_is_bounded_per_connection(small_worker)
         await first.end()  # the first context is untouched and speaks its text
         pcm = b"".join([c async for c in first.audio()])
         assert first.done.reason == "completed" and pcm
-        third = await client.say("tara", "b " * 600, options=UtteranceOptions(max_tokens=15, seed=6))  # room again
+        third = await client.say("tara", "b " * 600, options=ContextOptions(max_tokens=15, seed=6))  # room again
         assert third.done.reason == "completed"
     await small_worker.wait_idle()
 
@@ -187,7 +187,7 @@ async def test_version_2_connections_get_opened_and_loads_and_version_1_the_same
         assert (done["type"], done["reason"], done["load"]) == ("done", "cancelled", 1)  # b still speaks
         await v1.send(json.dumps({"type": "cancel", "context_id": "b"}))
         assert await _next_text(v1, "b") == encode_v1_cancelled("b")
-        await _start(v2, "e", short)  # a whole utterance on version 2
+        await _start(v2, "e", short)  # a whole context on version 2
         assert json.loads(await _next_text(v2, "e")) == {"context_id": "e", "load": 1, "type": "opened"}
         done = json.loads(await _next_text(v2, "e"))
         assert (done["type"], done["reason"], done["load"], done["stats"]["frames"]) == ("done", "completed", 0, 2)

@@ -23,7 +23,7 @@ from websockets.asyncio.client import connect
 from gpu_worker.engine import SamplingOptions
 from gpu_worker.protocol import MAX_TEXT_CHARS, PROTOCOL_HEADER
 from gpu_worker.server import WorkerServer
-from gpu_worker.session import SessionDeps
+from gpu_worker.context import ContextDeps
 from gpu_worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,7 +56,7 @@ class SlowToStop:
 @asynccontextmanager
 async def worker_server(cache: SlowToStop):
     server = WorkerServer(WorkerSettings(model="unused", port=0, max_streams=4),
-                          SessionDeps(engine=None, runner=None, defaults=SamplingOptions(), adapters=cache))  # type: ignore[arg-type]
+                          ContextDeps(engine=None, runner=None, defaults=SamplingOptions(), adapters=cache))  # type: ignore[arg-type]
     ws_server = await server.serve()
     try:
         yield server, f"ws://127.0.0.1:{ws_server.sockets[0].getsockname()[1]}"

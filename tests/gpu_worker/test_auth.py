@@ -12,12 +12,11 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from gpu_worker.client import WorkerClient
+from gpu_worker.client import NoWorkerAvailable, PoolSettings, WorkerClient, WorkerPool
 from gpu_worker.metrics import WorkerMetrics
-from gpu_worker.pool import NoWorkerAvailable, PoolSettings, WorkerPool
 from gpu_worker.process import free_port
 from gpu_worker.server import WorkerServer
-from gpu_worker.session import SessionDeps
+from gpu_worker.context import ContextDeps
 from gpu_worker.settings import WorkerSettings
 
 TOKEN = "s3cret-token"
@@ -33,7 +32,7 @@ class _NoEngine:
 @pytest.fixture
 async def server():
     settings = WorkerSettings(model="unused", port=free_port(), cluster_token=TOKEN, log_format="text")
-    worker = WorkerServer(settings, SessionDeps(_NoEngine(), None, None, metrics=WorkerMetrics()))
+    worker = WorkerServer(settings, ContextDeps(_NoEngine(), None, None, metrics=WorkerMetrics()))
     ws_server = await worker.serve()
     yield f"127.0.0.1:{settings.port}"
     ws_server.close()
@@ -78,7 +77,7 @@ async def test_a_pool_with_the_wrong_token_ejects_the_worker_and_says_so(server)
 
 async def test_the_trainer_s_validation_sample_sends_the_cluster_token(server):
     """`voicering up` beyond loopback gives the trainer the token (VOICERING_TRAIN_CLUSTER_TOKEN): its
-    sample connects with it (this engine-less server then fails the utterance, which is not the point)."""
+    sample connects with it (this engine-less server then fails the context, which is not the point)."""
     import asyncio
 
     from lora_training.publish import WorkerSampler

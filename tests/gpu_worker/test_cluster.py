@@ -21,7 +21,7 @@ from websockets.asyncio.client import connect
 
 from gpu_worker.adapters import publish_adapter
 from gpu_worker.client import MAX_CONNECTION_ERRORS, WorkerClient, WorkerRequestError, collect
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 from hashring import RingSettings
 from hashring.membership import RingWatcher
 from hashring.placement import ReplicaControl, place
@@ -32,7 +32,7 @@ VOICERING = Path(sys.executable).parent / "voicering"
 
 IDS = ("worker-a", "worker-b", "worker-c")
 VOICES = [f"clu/v{i}" for i in range(40)]
-FAST = UtteranceOptions(max_tokens=15, seed=5)
+FAST = ContextOptions(max_tokens=15, seed=5)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ async def test_sixteen_contexts_through_one_worker_for_voices_of_all_three(clust
     clients = [await WorkerClient.connect(cluster["worker-a"].url) for _ in range(4)]  # 4 per connection: A's share
     try:
         results = await asyncio.gather(*(
-            clients[i % 4].say(voices[i % 3], f"Line {i}.", options=UtteranceOptions(max_tokens=15, seed=i))
+            clients[i % 4].say(voices[i % 3], f"Line {i}.", options=ContextOptions(max_tokens=15, seed=i))
             for i in range(16)))
     finally:
         for client in clients:
@@ -221,7 +221,7 @@ async def test_requests_through_the_entry_feed_the_voice_s_heat(cluster, ring, r
         before = (await store.peek_heat([voice])).get(voice, 0.0)
         async with await WorkerClient.connect(cluster["worker-a"].url) as client:
             for i in range(3):
-                await client.say(voice, "Count me.", options=UtteranceOptions(max_tokens=15, seed=i))
+                await client.say(voice, "Count me.", options=ContextOptions(max_tokens=15, seed=i))
         deadline = time.monotonic() + 10
         while (await store.peek_heat([voice])).get(voice, 0.0) <= before:
             assert time.monotonic() < deadline, "the requests were never counted"
@@ -265,7 +265,7 @@ async def test_ring_drain_under_traffic_moves_new_starts_and_lets_streams_finish
     async with await WorkerClient.connect(cluster["worker-c"].url) as on_c, \
             await WorkerClient.connect(cluster["worker-a"].url) as on_a, \
             RingStore(ring_settings(redis_server)) as store, RingWatcher(store) as watcher:
-        stream = await on_c.start(voice, "Keep going.", options=UtteranceOptions(max_tokens=7 * frames + 1, seed=6))
+        stream = await on_c.start(voice, "Keep going.", options=ContextOptions(max_tokens=7 * frames + 1, seed=6))
         await stream.end()
         rest = asyncio.create_task(collect_pcm(stream))
         try:
@@ -297,7 +297,7 @@ async def test_zz_an_owner_killed_mid_stream_ends_cleanly_and_the_next_request_i
     had reached the listener), and a new request for B's voice through A succeeds at once."""
     voice = owned_by(ring, "worker-b")
     async with await WorkerClient.connect(cluster["worker-a"].url) as client:
-        stream = await client.start(voice, "I will be cut off.", options=UtteranceOptions(max_tokens=3000, seed=3))
+        stream = await client.start(voice, "I will be cut off.", options=ContextOptions(max_tokens=3000, seed=3))
         await stream.end()
         chunks = 0
         with pytest.raises(WorkerRequestError) as err:
@@ -317,7 +317,7 @@ async def test_zzz_sigterm_drains_streams_finish_and_the_worker_leaves_the_ring(
     voice = owned_by(ring, "worker-c")
     c = cluster["worker-c"]
     async with await WorkerClient.connect(c.url) as client:
-        stream = await client.start(voice, "Let me finish.", options=UtteranceOptions(max_tokens=7 * 30 + 1, seed=4))
+        stream = await client.start(voice, "Let me finish.", options=ContextOptions(max_tokens=7 * 30 + 1, seed=4))
         await stream.end()
         async for _ in stream.audio():
             break

@@ -1,6 +1,6 @@
 """Every stream awaiting the codec gets its audio or an error, whatever happens to the runner: a
 batcher that dies of a bug, `aclose` while windows are queued or being decoded. Before, these
-left their waiters hanging forever (an utterance that never ends)."""
+left their waiters hanging forever (a context that never ends)."""
 
 from __future__ import annotations
 

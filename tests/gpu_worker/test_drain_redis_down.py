@@ -14,7 +14,7 @@ import pytest
 
 from gpu_worker.client import WorkerClient
 from gpu_worker.cluster import DRAIN_MARK_TIMEOUT_S, drain, join_cluster
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 from gpu_worker.settings import WorkerSettings
 from hashring.embedded import EmbeddedRedis
 from hashring.membership import LEAVE_TIMEOUT_S
@@ -65,7 +65,7 @@ async def test_sigterm_with_redis_down_drains_the_stream_and_exits_cleanly(stand
                                    "VOICERING_WORKER_DRAIN_GRACE_S": str(GRACE_S)})
         try:
             async with await WorkerClient.connect(handle.url) as client:
-                stream = await client.start("tara", "Let me finish.", options=UtteranceOptions(max_tokens=7 * 30 + 1,
+                stream = await client.start("tara", "Let me finish.", options=ContextOptions(max_tokens=7 * 30 + 1,
                                                                                               seed=4))
                 await stream.end()
                 async for first in stream.audio():  # the worker is generating

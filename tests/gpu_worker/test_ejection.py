@@ -1,11 +1,10 @@
-"""Outlier ejection as a pure policy (`gpu_worker.ejection`): the clock is passed in."""
+"""Outlier ejection as a pure policy (`gpu_worker.client.ejection`): the clock is passed in."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpu_worker.ejection import EjectionPolicy, Health
-from gpu_worker.pool import PoolSettings
+from gpu_worker.client import EjectionPolicy, Health, PoolSettings
 
 POLICY = EjectionPolicy(consecutive_errors=3, base_s=30.0, max_s=300.0, max_share=0.1)
 

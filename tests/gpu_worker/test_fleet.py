@@ -20,7 +20,7 @@ from bench.worker import derive_voice
 from gpu_worker.adapters import CONFIG, WEIGHTS, publish_adapter
 from gpu_worker.client import WorkerClient, WorkerRequestError
 from gpu_worker.orpheus import SAMPLES_PER_FRAME
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 
 
 def scrape(worker) -> dict[str, float]:
@@ -39,7 +39,7 @@ async def say_until_served(client: WorkerClient, names: list[str], max_tokens: i
     served, busy, pending = {}, 0, list(names)
     while pending:
         results = await asyncio.gather(*(
-            client.say(name, "Hi there.", options=UtteranceOptions(max_tokens=max_tokens, seed=i))
+            client.say(name, "Hi there.", options=ContextOptions(max_tokens=max_tokens, seed=i))
             for i, name in enumerate(pending)
         ), return_exceptions=True)
         retry = []
@@ -86,7 +86,7 @@ async def test_eight_concurrent_constrained_streams_never_misalign(worker):
     async with await WorkerClient.connect(worker.url) as one, await WorkerClient.connect(worker.url) as two:
         results = await asyncio.gather(*(
             (one, two)[i % 2].say(("tara", "leo")[i % 2], f"Stream {i} speaking.",
-                                  options=UtteranceOptions(max_tokens=7 * 6, seed=100 + i, constraint=("fused", "mask")[i // 4]))
+                                  options=ContextOptions(max_tokens=7 * 6, seed=100 + i, constraint=("fused", "mask")[i // 4]))
             for i in range(8)
         ))
     for speech in results:
@@ -142,10 +142,10 @@ async def test_each_bad_adapter_is_a_clear_error_and_nothing_else_breaks(worker,
     cases = _bad_adapters(adapter_store, adapter_store / "tara")
     async with await WorkerClient.connect(worker.url) as client:
         ongoing = asyncio.create_task(client.say("leo", "I keep talking through all of it.",
-                                                 options=UtteranceOptions(max_tokens=7 * 12 + 1, seed=3)))
+                                                 options=ContextOptions(max_tokens=7 * 12 + 1, seed=3)))
         for name, (code, needle) in cases.items():
             try:
-                await client.say(f"bad/{name}", "Hello.", options=UtteranceOptions(max_tokens=15))
+                await client.say(f"bad/{name}", "Hello.", options=ContextOptions(max_tokens=15))
             except WorkerRequestError as err:
                 assert err.error.code == code, (name, err.error)
                 assert needle in err.error.message and f"bad/{name}" in err.error.message, (name, err.error.message)
@@ -154,7 +154,7 @@ async def test_each_bad_adapter_is_a_clear_error_and_nothing_else_breaks(worker,
                 raise AssertionError(f"bad adapter '{name}' was served")
         speech = await ongoing
         assert speech.done.stats.frames == 12
-        fine = await client.say("tara", "Still fine.", options=UtteranceOptions(max_tokens=15, seed=1))
+        fine = await client.say("tara", "Still fine.", options=ContextOptions(max_tokens=15, seed=1))
         assert fine.done.stats.frames == 2
     assert (await asyncio.to_thread(worker.health))["status"] == "ok"
 
@@ -163,13 +163,13 @@ async def test_a_voice_published_while_serving_is_picked_up(worker, adapter_stor
     source = derive_voice(adapter_store / "tara", tmp_path / "fresh", seed=5, prompt_name="tara")
     async with await WorkerClient.connect(worker.url) as client:
         try:
-            await client.say("late/fresh", "Hi.", options=UtteranceOptions(max_tokens=15))
+            await client.say("late/fresh", "Hi.", options=ContextOptions(max_tokens=15))
             raise AssertionError("served before it was published")
         except WorkerRequestError as err:
             assert err.error.code == "unknown_voice"
         publish_adapter(source, adapter_store, "late/fresh", replace=True)
-        speech = await client.say("late/fresh", "Hi.", options=UtteranceOptions(max_tokens=15, seed=2))
-        tara = await client.say("tara", "Hi.", options=UtteranceOptions(max_tokens=15, seed=2))
+        speech = await client.say("late/fresh", "Hi.", options=ContextOptions(max_tokens=15, seed=2))
+        tara = await client.say("tara", "Hi.", options=ContextOptions(max_tokens=15, seed=2))
     assert speech.done.stats.frames == 2 and speech.pcm != tara.pcm  # its own weights, same prompt name
 
 

@@ -1,5 +1,5 @@
 """Observability of a real worker: Prometheus text at GET /metrics (own registry per worker) and
-JSON log lines that carry the utterance's context id."""
+JSON log lines that carry the context id."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_worker.client import WorkerClient
 from gpu_worker.metrics import JsonLogFormatter, WorkerMetrics
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 
 FAMILIES = {
     "voicering_worker_ttfb_seconds", "voicering_worker_real_time_factor", "voicering_worker_stream_tokens_per_second",
     "voicering_worker_tokens", "voicering_worker_invalid_tokens", "voicering_worker_active_streams",
     "voicering_worker_engine_queue_depth", "voicering_worker_codec_queue_depth", "voicering_worker_codec_batch_size",
     "voicering_worker_adapter_loads", "voicering_worker_adapter_evictions", "voicering_worker_adapter_load_seconds",
-    "voicering_worker_adapters_resident", "voicering_worker_utterances", "voicering_worker_rejected",
+    "voicering_worker_adapters_resident", "voicering_worker_contexts", "voicering_worker_rejected",
 }
 
 
@@ -30,11 +30,11 @@ def scrape(worker) -> dict[str, dict[str, float]]:
             for family in text_string_to_metric_families(text)}
 
 
-async def test_metrics_follow_an_utterance(worker):
+async def test_metrics_follow_an_context(worker):
     before = scrape(worker)
     assert FAMILIES <= set(before)
     async with await WorkerClient.connect(worker.url) as client:
-        stream = await client.start("tara", "Count me.", options=UtteranceOptions(max_tokens=7 * 5, seed=9),
+        stream = await client.start("tara", "Count me.", options=ContextOptions(max_tokens=7 * 5, seed=9),
                                     context_id="metrics-ctx-1")
         await stream.end()
         pcm = b"".join([chunk async for chunk in stream.audio()])
@@ -48,7 +48,7 @@ async def test_metrics_follow_an_utterance(worker):
     assert delta("voicering_worker_real_time_factor", "voicering_worker_real_time_factor_count[]") == 1
     assert delta("voicering_worker_tokens", "voicering_worker_tokens_total[]") == 35
     assert delta("voicering_worker_invalid_tokens", "voicering_worker_invalid_tokens_total[]") == 0
-    assert delta("voicering_worker_utterances", "voicering_worker_utterances_total[('outcome', 'completed')]") == 1
+    assert delta("voicering_worker_contexts", "voicering_worker_contexts_total[('outcome', 'completed')]") == 1
     assert delta("voicering_worker_codec_batch_size", "voicering_worker_codec_batch_size_count[]") >= 3
     assert after["voicering_worker_active_streams"]["voicering_worker_active_streams[]"] == 0
     assert after["voicering_worker_engine_queue_depth"]["voicering_worker_engine_queue_depth[]"] == 0
@@ -56,7 +56,7 @@ async def test_metrics_follow_an_utterance(worker):
 
 async def test_logs_are_json_lines_with_the_context_id(worker):
     async with await WorkerClient.connect(worker.url) as client:
-        stream = await client.start("leo", "Log me.", options=UtteranceOptions(max_tokens=15, seed=1), context_id="log-ctx-7")
+        stream = await client.start("leo", "Log me.", options=ContextOptions(max_tokens=15, seed=1), context_id="log-ctx-7")
         await stream.end()
         _ = [chunk async for chunk in stream.audio()]
     await asyncio.sleep(0.5)

@@ -13,11 +13,9 @@ from contextlib import AsyncExitStack
 import pytest
 from websockets.asyncio.server import serve
 
-from gpu_worker.client import WorkerRequestError
-from gpu_worker.pool import WorkerPool
+from gpu_worker.client import RingRouter, WorkerPool, WorkerRequestError
 from gpu_worker.protocol import Error, Start, encode, parse_client
 from gpu_worker.proxy import Forwarder
-from gpu_worker.routers import RingRouter
 from hashring.membership import Heartbeat, RingWatcher
 from hashring.placement import HeatRecorder, ReplicaControl, place
 from hashring.records import WorkerInfo

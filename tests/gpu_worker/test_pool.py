@@ -24,11 +24,11 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
-from gpu_worker.client import Speech, WorkerClient, WorkerRequestError
+from gpu_worker.client import (NoWorkerAvailable, PoolSettings, RingRouter, Speech, WorkerClient, WorkerLost,
+                               WorkerPool, WorkerRequestError)
 from gpu_worker.orpheus import SAMPLES_PER_FRAME
-from gpu_worker.pool import NoWorkerAvailable, PoolSettings, RingRouter, WorkerLost, WorkerPool
 from gpu_worker.process import free_port
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 from hashring.membership import Heartbeat, RingWatcher
 from hashring.placement import place
 from hashring.records import WorkerInfo
@@ -44,8 +44,8 @@ FIRST_AUDIO_S = 3.0
 VNODES = 64
 
 
-def fast(seed: int = 1, max_tokens: int = 15) -> UtteranceOptions:
-    return UtteranceOptions(max_tokens=max_tokens, seed=seed, trim_silence=False)
+def fast(seed: int = 1, max_tokens: int = 15) -> ContextOptions:
+    return ContextOptions(max_tokens=max_tokens, seed=seed, trim_silence=False)
 
 
 def ring_settings(redis_url: str) -> RingSettings:
@@ -139,7 +139,7 @@ def pcm_bytes(frames: int) -> int:
     return frames * SAMPLES_PER_FRAME * 2
 
 
-async def test_concurrent_utterances_share_few_connections(worker):
+async def test_concurrent_contexts_share_few_connections(worker):
     """8 at once with 4 per connection: the pool knows the share from the handshake (a worker
     says it), opens a second connection for the other four, and a second burst needs no handshake."""
     await worker.wait_idle()
@@ -161,7 +161,7 @@ async def test_concurrent_utterances_share_few_connections(worker):
         assert pool.handshakes == 2  # the refused four went to a second connection, not to a new one each
         await worker.wait_idle()
         second = await asyncio.gather(*(pool.say(v, f"Again {i}.", options=fast(i)) for i, v in enumerate(voices)))
-        assert pool.handshakes == 2  # warm: no handshake per utterance
+        assert pool.handshakes == 2  # warm: no handshake per context
         for speech in first + second:
             assert speech.done.reason == "completed" and speech.done.stats.frames == 2
             assert len(speech.pcm) == pcm_bytes(2)
@@ -172,7 +172,7 @@ async def test_concurrent_utterances_share_few_connections(worker):
 
 async def test_routing_follows_placement_owners(worker, redis_url):
     """The one real worker under two ids: each voice goes to its placement owner, over that
-    owner's own connection; with two replicas a second concurrent utterance takes the other one."""
+    owner's own connection; with two replicas a second concurrent context takes the other one."""
     a, b = ids_with_owners([], ["wa", "wb"], {"tara": "wa", "leo": "wb"})
     pools: list[WorkerPool] = []
 
@@ -193,7 +193,7 @@ async def test_routing_follows_placement_owners(worker, redis_url):
                 pcm = b"".join([chunk async for chunk in stream.audio()])
                 assert stream.worker_id == place(watcher.view, voice, settings).owners[0]
                 assert stream.attempts == 1 and len(pcm) == pcm_bytes(stream.done.stats.frames)
-            assert pool.handshakes == 2  # one per worker id, reused by every later utterance
+            assert pool.handshakes == 2  # one per worker id, reused by every later context
 
             await store.set_replicas("tara", 2)
             await watcher.wait_for(lambda v: v.replicas.get("tara") == 2, timeout=10)
@@ -267,8 +267,8 @@ async def test_an_ejected_peer_is_probed_after_its_backoff_and_ejected_longer(wo
 
 async def test_a_peer_that_takes_the_start_and_never_answers_is_timed_out_ejected_and_skipped(worker, redis_url):
     """A peer that completes the handshake, takes the start and then says nothing: once the
-    utterance is asked to speak (its end), it waits `first_audio_timeout_s`, then the context is
-    cancelled there, the peer ejected, and the utterance speaks on the next owner, whole."""
+    context is asked to speak (its end), it waits `first_audio_timeout_s`, then the context is
+    cancelled there, the peer ejected, and the context speaks on the next owner, whole."""
     live = "live"
     (hung_id,) = ids_with_owners([live], ["hung"], {"tara": "hung"})
     settings = PoolSettings(first_audio_timeout_s=FIRST_AUDIO_S, max_ejected_share=0.5)
@@ -295,7 +295,7 @@ async def test_a_peer_that_takes_the_start_and_never_answers_is_timed_out_ejecte
 
 
 async def test_a_flush_with_nothing_to_say_starts_no_first_audio_clock(worker):
-    """A caller that opens an utterance and flushes nothing (empty start, empty flushes) has asked
+    """A caller that opens a context and flushes nothing (empty start, empty flushes) has asked
     for no audio: the worker is not hung and must not be ejected for it (issue 19: a tenant could
     otherwise get a worker of the shared fleet ejected at will). Text, then a flush, starts the clock."""
     async with WorkerPool.static([worker.url], PoolSettings(first_audio_timeout_s=FIRST_AUDIO_S)) as pool:
@@ -316,7 +316,7 @@ async def test_a_flush_with_nothing_to_say_starts_no_first_audio_clock(worker):
     await worker.wait_idle()
 
 
-async def test_with_no_other_worker_a_hung_peer_ends_the_utterance_with_worker_timeout(redis_url):
+async def test_with_no_other_worker_a_hung_peer_ends_the_context_with_worker_timeout(redis_url):
     async with hung_server() as (hung_url, _):
         async with WorkerPool.static([hung_url], PoolSettings(first_audio_timeout_s=0.5, max_attempts=2)) as pool:
             stream = await pool.start("tara", "Hello?", options=fast())
@@ -356,7 +356,7 @@ async def test_workers_that_left_the_ring_are_forgotten(worker, redis_url):
 
 
 async def test_retry_before_audio_is_transparent(worker, redis_url):
-    """The voice's owner drops the connection at `start`: the utterance, with the text pushed so
+    """The voice's owner drops the connection at `start`: the context, with the text pushed so
     far, is replayed on the next owner, and the caller gets exactly the audio a direct request gets."""
     live = "live"
     (dropper_id,) = ids_with_owners([live], ["dropper"], {"tara": "dropper"})
@@ -400,7 +400,7 @@ async def test_a_link_cut_after_audio_ends_the_stream_then_the_pool_reconnects(w
     await worker.wait_idle()
 
 
-async def test_an_old_connection_serves_its_utterances_while_new_ones_use_a_fresh_one(worker):
+async def test_an_old_connection_serves_its_contexts_while_new_ones_use_a_fresh_one(worker):
     await worker.wait_idle()
     async with WorkerPool.static([worker.url], PoolSettings(max_connection_age_s=0.5)) as pool:
         old = await pool.start("tara", "Started on the old one.", options=fast(1))
@@ -410,7 +410,7 @@ async def test_an_old_connection_serves_its_utterances_while_new_ones_use_a_fres
         assert young.done.reason == "completed" and pool.handshakes == 2
         await old.end()
         assert len(b"".join([chunk async for chunk in old.audio()])) == pcm_bytes(2)  # finished where it began
-        await old_ws.wait_closed()  # closed once its last utterance ended
+        await old_ws.wait_closed()  # closed once its last context ended
         assert len(pool.connections(worker.url)) == 1 and old_ws not in pool.connections(worker.url)
     await worker.wait_idle()
 
@@ -427,7 +427,7 @@ async def test_rejected_messages_do_not_end_the_stream_and_aclose_leaves_no_task
         pcm = b"".join([chunk async for chunk in stream.audio()])
         assert stream.done.reason == "completed" and len(pcm) == pcm_bytes(2)
         assert [(r.code, r.message_type) for r in stream.rejected] == [("bad_request", "text")]
-        assert pool.handshakes == 1  # prewarmed: the utterance found its connection open
+        assert pool.handshakes == 1  # prewarmed: the context found its connection open
         pending = await pool.start("leo", "Never ended.", options=fast(4))
     with pytest.raises(NoWorkerAvailable) as closed:  # aclose ended it before any audio: not retried anywhere
         async for _ in pending.audio():
@@ -439,7 +439,7 @@ async def test_rejected_messages_do_not_end_the_stream_and_aclose_leaves_no_task
 
 
 def test_the_pool_never_imports_torch_or_vllm():
-    code = ("import sys, gpu_worker.pool; heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'vllm'}); "
+    code = ("import sys, gpu_worker.client.pool; heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'vllm'}); "
             "print(heavy); sys.exit(1 if heavy else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr

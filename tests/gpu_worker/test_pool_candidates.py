@@ -9,7 +9,7 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from gpu_worker.routers import RingRouter
+from gpu_worker.client import RingRouter
 from hashring.placement import place
 from tests.gpu_worker.test_placed_start import fleet
 

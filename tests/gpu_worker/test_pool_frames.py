@@ -1,6 +1,6 @@
 """No caller's input decides the fate of a shared link (issue 19): the protocol encodes UTF-8 as
 itself, and the pool refuses, unsent, a message a worker would refuse (over its `max_size`), so
-one utterance's oversized text never closes the connection other utterances share.
+one context's oversized text never closes the connection other contexts share.
 
 Against the session `worker` (a real `voicering worker`, max_size `MAX_MESSAGE_BYTES`), a ring in
 the real Redis, and real websocket servers beside it: one that records what reaches it (a spare
@@ -16,8 +16,7 @@ from collections.abc import AsyncIterator
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
-from gpu_worker.client import WorkerRequestError
-from gpu_worker.pool import PoolSettings, RingRouter, WorkerPool
+from gpu_worker.client import PoolSettings, RingRouter, WorkerPool, WorkerRequestError
 from gpu_worker.protocol import MAX_MESSAGE_BYTES, PushText, Start, encode, parse_client
 from tests.gpu_worker.test_pool import fast, ids_with_owners, pcm_bytes, ring_of
 
@@ -52,7 +51,7 @@ async def recording_server(max_size: int | None = None) -> AsyncIterator[tuple[s
 
 async def test_a_frame_over_the_worker_limit_fails_only_its_own_message(worker, redis_url):
     """An oversized `start` or `text` is refused to its caller (text_too_long, not retryable), never
-    sent, never retried on the next owner; the shared link stays up, the utterance that sent the
+    sent, never retried on the next owner; the shared link stays up, the context that sent the
     oversized `text` and another one on the same link both complete, nobody is ejected."""
     await worker.wait_idle()
     spare_id = ids_with_owners(["worker-a"], ["spare"], {"tara": "worker-a"})[0]
@@ -71,7 +70,7 @@ async def test_a_frame_over_the_worker_limit_fails_only_its_own_message(worker, 
                 assert refused.error.code == "text_too_long" and not refused.retryable
                 assert str(MAX_MESSAGE_BYTES) in refused.error.message
 
-            await held.push("And the rest.")  # the utterance carries on: the refused push had no effect
+            await held.push("And the rest.")  # the context carries on: the refused push had no effect
             other = await pool.start("tara", "Same link.", options=fast(7))
             for stream in (held, other):
                 await stream.end()
@@ -105,7 +104,7 @@ async def test_text_under_the_limit_in_utf8_reaches_the_worker_on_a_link_that_st
 
 async def test_a_link_closed_with_1009_does_not_eject_the_worker(worker, redis_url):
     """A peer that closes a connection because a message was too big (1009) says the sender
-    erred, not the worker: the utterances on it retry elsewhere, and the peer is not ejected
+    erred, not the worker: the contexts on it retry elsewhere, and the peer is not ejected
     even with `consecutive_errors=1`."""
     await worker.wait_idle()
     small_id = ids_with_owners(["worker-a"], ["small"], {"tara": "small"})[0]

@@ -1,6 +1,6 @@
 """The pool's links against real sockets that misbehave, no worker process: a TCP listener that
 accepts and never answers the handshake (a black-holed worker), and a websocket server that
-sends the first audio of an utterance and then stalls. Plus what every dial says: the protocol
+sends the first audio of a context and then stalls. Plus what every dial says: the protocol
 version header, and the version the worker answered, kept per link."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import pytest
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Response
 
-from gpu_worker.client import WorkerRequestError
-from gpu_worker.pool import NoWorkerAvailable, PoolSettings, WorkerPool
+from gpu_worker.client import NoWorkerAvailable, PoolSettings, WorkerPool, WorkerRequestError
 from gpu_worker.protocol import PROTOCOL_HEADER, AudioChunk
 from tests.gpu_worker.test_pool import fast, silent_server
 
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 async def test_requests_queued_behind_a_black_holed_dial_share_its_one_timeout():
-    """Regression (issue 20, M7): five utterances that need a connection to a worker that accepts
+    """Regression (issue 20, M7): five contexts that need a connection to a worker that accepts
     TCP and never answers the handshake waited for the dial one after another, each re-dialing,
     so the k-th gave up after k × `open_timeout_s`. They share the one dial's outcome now: all
     give up together, after one timeout, and the worker is dialed once."""
@@ -62,10 +61,10 @@ async def stalling_server(chunks_per_ask: int = 1):
     return handler, received
 
 
-async def test_an_utterance_that_stalls_after_its_first_audio_fails_alone_and_the_link_stays_up():
-    """Regression (issue 20, M13): after its first audio nothing timed an utterance out, so a
-    worker that stopped mid-utterance held its caller forever. While the worker owes audio (text
-    flushed since the last chunk, or the utterance ended without `done`), a gap over
+async def test_an_context_that_stalls_after_its_first_audio_fails_alone_and_the_link_stays_up():
+    """Regression (issue 20, M13): after its first audio nothing timed a context out, so a
+    worker that stopped mid-context held its caller forever. While the worker owes audio (text
+    flushed since the last chunk, or the context ended without `done`), a gap over
     `stall_timeout_s` ends it with a retryable `worker_timeout`: cancelled on the worker, not
     retried (the caller has part of it), the link kept. Silence after all that was asked for has
     come is the caller's own pace: no clock runs."""

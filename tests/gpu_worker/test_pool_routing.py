@@ -16,8 +16,7 @@ import time
 
 import pytest
 
-from gpu_worker.client import WorkerClient, WorkerRequestError
-from gpu_worker.pool import PoolSettings, RingRouter, WorkerPool
+from gpu_worker.client import PoolSettings, RingRouter, WorkerClient, WorkerPool, WorkerRequestError
 from tests.fixtures.models import start_worker
 from tests.gpu_worker.test_pool import fast, ids_with_owners, pcm_bytes, ring_of, silent_server
 
@@ -53,7 +52,7 @@ async def test_a_full_owner_refuses_and_the_start_moves_on_with_insist_and_no_he
         stream = await pool.start("tara", "The owner is full.", options=fast(3))
         await stream.end()
         pcm = b"".join([chunk async for chunk in stream.audio()])
-        # max_attempts=1: the refusal did not spend the one failed try the utterance has
+        # max_attempts=1: the refusal did not spend the one failed try the context has
         assert stream.worker_id == big_id and stream.attempts == 2 and stream.refusals == 1
         assert stream.done.reason == "completed" and len(pcm) == pcm_bytes(stream.done.stats.frames)
         assert pool.peer_stats(small_id).errors == 0 and pool.ejected() == set()  # busy is not a failure
@@ -86,7 +85,7 @@ async def test_refusals_have_a_bound_of_their_own(small_worker, redis_url):
 
 
 async def test_requests_queued_behind_a_black_holed_owner_move_on_together(worker, redis_url):
-    """Regression (M7): four utterances for a voice whose owner black-holes its handshake; they
+    """Regression (M7): four contexts for a voice whose owner black-holes its handshake; they
     waited for the dial in turn (the k-th k × open_timeout_s). They share the one dial's outcome
     now and all speak on the next candidate after one timeout."""
     live = "live"

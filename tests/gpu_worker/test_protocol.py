@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpu_worker.engine import check_vllm_version
 from gpu_worker.errors import BadMessage, EngineError
-from gpu_worker.protocol import (PROTOCOL_HEADER, PROTOCOL_VERSION, Done, Error, Opened, Rejected, Start, UtteranceStats, encode,
+from gpu_worker.protocol import (PROTOCOL_HEADER, PROTOCOL_VERSION, Done, Error, Opened, Rejected, Start, ContextStats, encode,
                                  parse_client, parse_server, protocol_version)
 
 JSONISH = st.recursive(
@@ -86,7 +86,7 @@ def test_version_1_messages_are_the_same_bytes_as_before():
     sends it, and a version-1 client reads exactly the old messages."""
     assert encode(Start("c1", "tara", "Hi.", placed=True)) == V1_START
     assert encode(Error("busy", "full", True, "c1")) == V1_ERROR
-    done = json.loads(encode(Done("c1", UtteranceStats(frames=2))))
+    done = json.loads(encode(Done("c1", ContextStats(frames=2))))
     assert list(done) == ["context_id", "stats", "reason", "type"]
     assert list(done["stats"]) == ["ttfb_ms", "audio_s", "tokens", "frames", "invalid_tokens", "segments", "wall_s", "rtf",
                                    "head_silence_dropped_ms", "engine_requests", "finish_reason", "served_by", "proxied"]
@@ -97,7 +97,7 @@ def test_version_2_fields_travel_when_set():
     assert parse_client(encode(Start("c1", "tara", insist=True))).insist is True
     assert parse_client(V1_START).insist is False
     assert parse_server(encode(Error("busy", "full", True, "c1", load=0))).load == 0  # 0 is a load, not absent
-    assert parse_server(encode(Done("c1", UtteranceStats(), load=3))).load == 3
+    assert parse_server(encode(Done("c1", ContextStats(), load=3))).load == 3
     assert parse_server(V1_ERROR).load is None
     assert parse_server(encode(Opened("c1", 2))) == Opened("c1", 2)
 

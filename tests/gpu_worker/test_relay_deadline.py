@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_worker.pool import PoolSettings, WorkerPool
+from gpu_worker.client import PoolSettings, WorkerPool
 from gpu_worker.proxy import Forwarder
 from gpu_worker.settings import RELAY_TIMEOUT_S
 

@@ -33,9 +33,8 @@ import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
 from gpu_worker.adapters import publish_adapter
-from gpu_worker.client import WorkerClient, WorkerRequestError
-from gpu_worker.pool import PoolSettings, WorkerPool
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.client import PoolSettings, WorkerClient, WorkerPool, WorkerRequestError
+from gpu_worker.protocol import ContextOptions
 from gpu_worker.settings import RELAY_TIMEOUT_S
 from gpu_worker.trace_context import TraceContext
 from hashring import RingSettings
@@ -102,10 +101,10 @@ async def test_a_relayed_context_is_not_idle_while_its_owner_speaks(pair, redis_
     with `idle_timeout` IDLE_S after the flush); a cancel then ends it."""
     voice = await owned_alone_by(pair, redis_server, OWNER, 2)
     async with await WorkerClient.connect(pair[OWNER].url) as direct:  # the owner loads the voice first
-        await direct.say(voice, "Warm up.", options=UtteranceOptions(max_tokens=15, seed=1))
+        await direct.say(voice, "Warm up.", options=ContextOptions(max_tokens=15, seed=1))
     async with await WorkerClient.connect(pair[ENTRY].url) as client:
         stream = await client.start(voice, "A long one, spoken while no more text comes.",
-                                    options=UtteranceOptions(max_tokens=3000, seed=2))
+                                    options=ContextOptions(max_tokens=3000, seed=2))
         await stream.flush()
         flushed = time.monotonic()
         late_chunks = 0
@@ -128,7 +127,7 @@ async def test_a_relayed_context_still_ends_when_nothing_comes_either_way(pair, 
     context ends with `idle_timeout`, and the owner's context is cancelled."""
     voice = await owned_alone_by(pair, redis_server, OWNER, 2)
     async with await WorkerClient.connect(pair[ENTRY].url) as client:
-        stream = await client.start(voice, "Short.", options=UtteranceOptions(max_tokens=15, seed=3))
+        stream = await client.start(voice, "Short.", options=ContextOptions(max_tokens=15, seed=3))
         await stream.flush()
         with pytest.raises(WorkerRequestError) as err:
             async with asyncio.timeout(IDLE_S + 60):
@@ -205,7 +204,7 @@ async def test_a_silent_owner_is_the_relay_s_to_give_up_on_and_the_entry_is_not_
         caller = PoolSettings(first_audio_timeout_s=CALLER_FIRST_AUDIO_S)
         async with WorkerPool.static([pair[ENTRY].url], caller) as pool:
             began = time.monotonic()
-            stream = await pool.start(voice, "Is anyone there?", options=UtteranceOptions(max_tokens=15, seed=4))
+            stream = await pool.start(voice, "Is anyone there?", options=ContextOptions(max_tokens=15, seed=4))
             await stream.end()
             with pytest.raises(WorkerRequestError) as err:
                 async for _ in stream.audio():

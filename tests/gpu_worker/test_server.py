@@ -13,9 +13,9 @@ from websockets.asyncio.client import connect
 
 from gpu_worker.client import WorkerClient, WorkerRequestError
 from gpu_worker.orpheus import SAMPLES_PER_FRAME
-from gpu_worker.protocol import UtteranceOptions
+from gpu_worker.protocol import ContextOptions
 
-SHORT = UtteranceOptions(max_tokens=7 * 12 + 1, seed=7)
+SHORT = ContextOptions(max_tokens=7 * 12 + 1, seed=7)
 
 
 async def test_health_is_counts_only(worker):
@@ -59,7 +59,7 @@ async def test_same_seed_is_reproducible_and_lora_weights_matter(worker, adapter
 async def test_four_concurrent_streams_on_one_connection(worker):
     async with await WorkerClient.connect(worker.url) as client:
         results = await asyncio.gather(*(
-            client.say(voice, f"Stream number {i}.", options=UtteranceOptions(max_tokens=7 * 8 + 1, seed=i))
+            client.say(voice, f"Stream number {i}.", options=ContextOptions(max_tokens=7 * 8 + 1, seed=i))
             for i, voice in enumerate(["tara", "leo", "tara", "leo"])
         ))
     for speech in results:
@@ -71,7 +71,7 @@ async def test_four_concurrent_streams_on_one_connection(worker):
 
 async def test_streaming_text_push_flush_end(worker):
     async with await WorkerClient.connect(worker.url) as client:
-        stream = await client.start("leo", options=UtteranceOptions(max_tokens=7 * 4 + 1, seed=3))
+        stream = await client.start("leo", options=ContextOptions(max_tokens=7 * 4 + 1, seed=3))
         await stream.push("First part, ")
         await stream.push("then more.")
         await stream.flush()
@@ -85,7 +85,7 @@ async def test_streaming_text_push_flush_end(worker):
 
 async def test_cancel_frees_the_engine_slot(worker):
     async with await WorkerClient.connect(worker.url) as client:
-        stream = await client.start("tara", "A long sentence that we will not wait for.", options=UtteranceOptions(max_tokens=2000))
+        stream = await client.start("tara", "A long sentence that we will not wait for.", options=ContextOptions(max_tokens=2000))
         await stream.end()
         got_audio = False
         async for _ in stream.audio():
@@ -102,9 +102,9 @@ async def test_cancel_frees_the_engine_slot(worker):
 async def test_client_disconnect_mid_stream_aborts_and_others_continue(worker):
     survivor = await WorkerClient.connect(worker.url)
     try:
-        ongoing = asyncio.create_task(survivor.say("leo", "I keep talking.", options=UtteranceOptions(max_tokens=7 * 20 + 1, seed=5)))
+        ongoing = asyncio.create_task(survivor.say("leo", "I keep talking.", options=ContextOptions(max_tokens=7 * 20 + 1, seed=5)))
         quitter = await WorkerClient.connect(worker.url)
-        stream = await quitter.start("tara", "I will hang up.", options=UtteranceOptions(max_tokens=3000))
+        stream = await quitter.start("tara", "I will hang up.", options=ContextOptions(max_tokens=3000))
         await stream.end()
         async for _ in stream.audio():
             break
@@ -194,7 +194,7 @@ async def test_malformed_messages_are_answered_and_other_contexts_carry_on(worke
 async def test_ids_outside_the_audio_range_never_misalign_frames(worker):
     """Constraint off: the random model emits text/special ids; they are counted and skipped."""
     async with await WorkerClient.connect(worker.url) as client:
-        speech = await client.say("tara", "Anything at all.", options=UtteranceOptions(max_tokens=300, seed=11, constraint="off"))
+        speech = await client.say("tara", "Anything at all.", options=ContextOptions(max_tokens=300, seed=11, constraint="off"))
     stats = speech.done.stats
     assert stats.invalid_tokens > 0
     assert stats.tokens >= stats.invalid_tokens + 7 * stats.frames
@@ -205,8 +205,8 @@ async def test_serving_time_trim_never_cuts_audio_that_starts_loud(worker):
     """The worker's head-silence gate is on by default; the stand-in's noise starts at once, so it
     must pass every sample through untouched."""
     async with await WorkerClient.connect(worker.url) as client:
-        trimmed = await client.say("tara", "Trim me.", options=UtteranceOptions(max_tokens=7 * 10 + 1, seed=21))
-        plain = await client.say("tara", "Trim me.", options=UtteranceOptions(max_tokens=7 * 10 + 1, seed=21,
+        trimmed = await client.say("tara", "Trim me.", options=ContextOptions(max_tokens=7 * 10 + 1, seed=21))
+        plain = await client.say("tara", "Trim me.", options=ContextOptions(max_tokens=7 * 10 + 1, seed=21,
                                                                                trim_silence=False))
     assert trimmed.pcm == plain.pcm
     assert trimmed.done.stats.head_silence_dropped_ms == 0.0

@@ -30,7 +30,7 @@ from websockets.asyncio.client import connect
 
 from gpu_worker.adapters import publish_adapter
 from gpu_worker.protocol import PROTOCOL_HEADER, AudioChunk
-from gpu_worker.server import fleet_share
+from gpu_worker.admission import fleet_share
 from hashring.share import share_floor_streams
 from hashring.membership import Heartbeat, RingWatcher
 from hashring.placement import place

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gpu_worker.errors import BadMessage
-from gpu_worker.protocol import Start, UtteranceStats, encode, parse_client, parse_server
+from gpu_worker.protocol import Start, ContextStats, encode, parse_client, parse_server
 from gpu_worker.trace_context import (TRACEPARENT_CHARS, Hop, OtlpHopHandler, OtlpUnavailable, TraceContext,
                                       TraceLogFilter, current, log_hop, parse, parse_hop, trace_id_of)
 
@@ -76,7 +76,7 @@ def test_a_malformed_traceparent_refuses_the_start_and_is_never_echoed(value):
 
 
 def test_done_stats_carry_the_trace_and_a_client_reads_them():
-    stats = UtteranceStats(trace_id=TRACE, span_id=SPAN)
+    stats = ContextStats(trace_id=TRACE, span_id=SPAN)
     raw = json.dumps({"type": "done", "context_id": "c", "stats": {"trace_id": TRACE, "span_id": SPAN, "new": 1}})
     assert parse_server(raw).stats == stats
     old = json.dumps({"type": "done", "context_id": "c", "stats": {"frames": 2}})  # a worker from before tracing

@@ -29,7 +29,8 @@ def alive(proc: psutil.Process) -> bool:
 
 
 def test_a_sigkilled_worker_takes_its_engine_processes_with_it(stand_in, adapter_store, tmp_path):
-    handle = start_worker(stand_in, adapter_store, tmp_path / "worker.log", "--max-loras", "2", "--max-streams", "4")
+    handle = start_worker(stand_in, adapter_store, tmp_path / "worker.log", "--max-loras", "2", "--max-streams", "4",
+                          env={"VOICERING_WORKER_SEPARATE_MODEL_PROCESS": "true"})  # production's three processes
     try:
         tree = psutil.Process(handle.proc.pid).children(recursive=True)
         shown = {proc.pid: " ".join(proc.cmdline()) for proc in tree}
@@ -47,3 +48,12 @@ def test_a_sigkilled_worker_takes_its_engine_processes_with_it(stand_in, adapter
         assert said and set(engine) <= {int(pid) for pid in said.group(1).split(", ")}, handle.log_tail()
     finally:
         handle.stop()
+
+
+def test_the_suite_s_workers_run_vllm_s_model_worker_inside_the_engine_core(worker):
+    """`separate_model_process=false` (tests/conftest.py): the session worker's engine is one
+    process, the engine core, with the model in it (the start and memory the suite saves)."""
+    names = [" ".join(proc.cmdline()) for proc in psutil.Process(worker.proc.pid).children(recursive=True)]
+    assert sum("VLLM::EngineCore" in name for name in names) == 1, names
+    assert not any("VLLM::Worker" in name for name in names), names
+    assert worker.health()["status"] == "ok"

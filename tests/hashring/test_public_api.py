@@ -13,7 +13,7 @@ import pytest
 
 MODULES = ["hashring", "hashring.ring", "hashring.errors", "hashring.settings", "hashring.records",
            "hashring.store", "hashring.membership", "hashring.placement", "hashring.embedded", "hashring.simulate",
-           "hashring.choice", "hashring.sizing", "hashring.fleet_view"]
+           "hashring.choice", "hashring.sizing", "hashring.fleet_view", "hashring.loops"]
 
 
 @pytest.mark.parametrize("name", MODULES)

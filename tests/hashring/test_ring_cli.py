@@ -194,10 +194,10 @@ def test_the_modelled_share_is_the_workers_rule():
 
 
 def test_the_modelled_share_matches_the_worker_s_own_function():
-    """bench/ring.py mirrors gpu_worker.server.fleet_share on plain numbers (one view per decision
+    """bench/ring.py mirrors gpu_worker.admission.fleet_share on plain numbers (one view per decision
     would make the run far slower); both must agree wherever they are asked."""
     from bench.ring import share_limit
-    from gpu_worker.server import fleet_share
+    from gpu_worker.admission import fleet_share
     from hashring.records import RingView, Snapshot, WorkerInfo
     from hashring.share import share_floor_streams
 

@@ -67,11 +67,11 @@ def test_train_cli_publishes_a_voice_that_the_worker_serves(uploads, train_setti
     assert not [p for p in (adapter_store / STAGING_TENANT).iterdir()]  # nothing left under validation
 
     async def say() -> bytes:
-        from gpu_worker.client import WorkerClient
-        from gpu_worker.protocol import UtteranceOptions
+        from gpu_worker.client.connection import WorkerClient
+        from gpu_worker.protocol import ContextOptions
 
         async with await WorkerClient.connect(worker.url) as client:
-            speech = await client.say("acme/alice", "Hello from a cloned voice.", options=UtteranceOptions(max_tokens=71, seed=1))
+            speech = await client.say("acme/alice", "Hello from a cloned voice.", options=ContextOptions(max_tokens=71, seed=1))
         return speech.pcm
 
     assert len(asyncio.run(say())) > 0

@@ -3,7 +3,7 @@ caller passes the clock in and acts on the answers; nothing here does I/O or rea
 
 - A dial that fails (refused, handshake refused or not answered) ejects a worker at once.
 - `consecutive_errors` failures on open connections in a row (a connection lost, `engine_error`,
-  `internal`, a stalled utterance) eject it too; a completed utterance resets the count. A `busy`
+  `internal`, a stalled context) eject it too; a completed context resets the count. A `busy`
   answer, the caller's own mistakes and a 1009 close (a message too big: the sender's fault) are
   not failures: the caller never reports them.
 - An ejection lasts `base_s` × the worker's ejection count, capped at `max_s`; the count starts

@@ -1,4 +1,4 @@
-"""One utterance (context) on a connection: buffers pushed text, resolves and loads its voice, speaks
+"""One context on a connection: buffers pushed text, resolves and loads its voice, speaks
 each flushed segment in order, and ends with exactly one `done` or `error` message (or nothing, when
 its connection is being cut as a slow consumer). Its outcome is recorded in the worker's metrics
 and every log line carries its ``context_id``.
@@ -29,7 +29,7 @@ from gpu_worker.codec import NOISE_PERIOD_LATENT, LATENT_PER_FRAME, to_pcm16
 from gpu_worker.engine import SamplingOptions, SpeechEngine, Voice
 from gpu_worker.errors import BacklogFull, BadRequest, EmptyText, IdleTimeout, SlowConsumer, TextTooLong, WorkerError
 from gpu_worker.orpheus import SAMPLE_RATE
-from gpu_worker.protocol import MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AudioChunk, Done, Error, Start, UtteranceStats
+from gpu_worker.protocol import MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AudioChunk, Done, Error, Start, ContextStats
 from gpu_worker.scheduler import BatchedDecodeRunner, DecodeRunner
 from gpu_worker.speech import SegmentStats, speak_request
 from gpu_worker.trace_context import Hop, HopKind, TraceContext, current, log_hop
@@ -42,11 +42,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Send = Callable[[object], Awaitable[None]]
-_END = object()  # sentinel: no more segments
+END_OF_SEGMENTS = object()  # sentinel: no more segments
 
 
 class ContextLog(logging.LoggerAdapter):
-    """Adds the utterance's context id and voice to every record, keeping per-call ``extra`` too."""
+    """Adds the context's id and voice to every record, keeping per-call ``extra`` too."""
 
     def process(self, msg, kwargs):  # noqa: ANN001, ANN201 - logging's signature
         kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}
@@ -72,7 +72,7 @@ class Backlog:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionDeps:
+class ContextDeps:
     engine: SpeechEngine
     runner: DecodeRunner | BatchedDecodeRunner
     defaults: SamplingOptions
@@ -83,10 +83,10 @@ class SessionDeps:
     worker_id: str = ""  # reported as `served_by` in every `done`
 
 
-class Utterance:
+class Context:
     """Lives from `start` to `done`/`error`; its run task is owned and cancelled by the connection."""
 
-    def __init__(self, start: Start, deps: SessionDeps, send: Send, voice: Voice | None = None,
+    def __init__(self, start: Start, deps: ContextDeps, send: Send, voice: Voice | None = None,
                  backlog: Backlog | None = None) -> None:
         """``voice``: already resolved; else ``deps.adapters`` resolves ``start.voice`` when the run begins.
         ``backlog``: the connection's shared character budget (None: this context's limits only)."""
@@ -180,9 +180,9 @@ class Utterance:
             raise BadRequest(f"context '{self.context_id}' already ended its input")
         self._flush()
         if self._queued == 0:
-            raise EmptyText("nothing to speak: the utterance ended without any text")
+            raise EmptyText("nothing to speak: the context ended without any text")
         self.input_ended = True
-        self._segments.put_nowait(_END)
+        self._segments.put_nowait(END_OF_SEGMENTS)
 
     def fail(self, error: WorkerError) -> None:
         """Record why the connection is about to cancel this context (its outcome in metrics)."""
@@ -213,7 +213,7 @@ class Utterance:
             left = self._last_activity + self.limits.idle_timeout_s - time.monotonic()
             if left <= 0:
                 raise IdleTimeout(f"no text for {self.limits.idle_timeout_s:.0f} s; the context was closed "
-                                  "(send 'end' when an utterance is complete)")
+                                  "(send 'end' when a context is complete)")
             try:
                 return await asyncio.wait_for(self._segments.get(), timeout=left)
             except TimeoutError:
@@ -240,7 +240,7 @@ class Utterance:
                 acquired = True
                 self._last_activity = time.monotonic()  # loading a voice is not idling
             segments = 0
-            while (item := await self._next_segment()) is not _END:
+            while (item := await self._next_segment()) is not END_OF_SEGMENTS:
                 text, chars = item
                 self._hold(-chars)
                 segments += 1
@@ -265,7 +265,7 @@ class Utterance:
                 self._last_activity = time.monotonic()  # idle time counts from when speaking stopped
             audio_s = stats.samples / SAMPLE_RATE
             wall = time.perf_counter() - began
-            done = UtteranceStats(
+            done = ContextStats(
                 ttfb_ms=self._ttfb_ms, audio_s=round(audio_s, 4), tokens=stats.tokens, frames=stats.frames,
                 invalid_tokens=stats.invalid_tokens, segments=segments, wall_s=round(wall, 4),
                 rtf=round(wall / audio_s, 4) if audio_s else None, head_silence_dropped_ms=round(dropped_ms, 1),
@@ -319,7 +319,7 @@ class Utterance:
         if metrics is None:
             return
         audio_s = stats.samples / SAMPLE_RATE
-        metrics.observe_utterance(
+        metrics.observe_context(
             outcome=outcome, ttfb_s=None if self._ttfb_ms is None else self._ttfb_ms / 1000.0,
             rtf=wall / audio_s if outcome == "completed" and audio_s else None, tokens=stats.tokens,
             invalid_tokens=stats.invalid_tokens, audio_s=audio_s, generation_s=wall if outcome == "completed" else 0.0,

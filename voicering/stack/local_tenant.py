@@ -9,7 +9,7 @@ rate and streams (the demo polls training progress once a second).
 from __future__ import annotations
 
 from gateway.settings import GatewaySettings
-from gateway.stack.folder import LocalKey, StackFolder
+from voicering.stack.folder import LocalKey, StackFolder
 from gateway.tenants import TenantLimits, TenantNotFound, Tenants, Unauthorized, connect_redis
 
 __all__ = ["LOCAL_LIMITS", "ensure_local_tenant"]

@@ -13,7 +13,7 @@ __all__ = ["register"]
 def _up_settings(**given: object):
     from pydantic import ValidationError
 
-    from gateway.stack.settings import UpSettings
+    from voicering.stack.settings import UpSettings
 
     try:
         return UpSettings(**{k: v for k, v in given.items() if v is not None})
@@ -42,7 +42,7 @@ def up(
     Options left out come from VOICERING_UP_* variables; each process keeps its own (VOICERING_WORKER_*,
     VOICERING_GATEWAY_*, VOICERING_TRAIN_*; LIVEKIT_URL/API_KEY/API_SECRET turn the agent server on).
     """
-    from gateway.stack.up import run_up
+    from voicering.stack.up import run_up
 
     settings = _up_settings(folder=folder, workers=workers, redis_url=redis, model=model, codec=codec, host=host,
                             gateway_port=gateway_port, worker_port=worker_port, agent_port=agent_port,
@@ -60,7 +60,7 @@ def demo(
 ) -> None:
     """A creator's and an app's day end to end: up, clone a voice from uploaded speech, speak it
     with the openai client through both workers, the LiveKit plugin, scale it to 2 replicas, stop."""
-    from gateway.stack.demo import run_demo
+    from voicering.stack.demo import run_demo
 
     settings = _up_settings(folder=folder, workers=2, model=model, codec=codec, gateway_port=gateway_port,
                             worker_port=worker_port)

@@ -21,12 +21,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.stack.children import Child, ChildFailed, StartInterrupted
-from gateway.stack.folder import AlreadyRunning, StackFolder, UpState
-from gateway.stack.local_tenant import ensure_local_tenant
-from gateway.stack.plan import ExposedWithoutToken, Models, PortInUse, StackPlan, check_ports, is_loopback, plan_stack
-from gateway.stack.settings import UpSettings
-from gateway.stack.supervisor import RestartPolicy, Supervisor
+from voicering.stack.children import Child, ChildFailed, StartInterrupted
+from voicering.stack.folder import AlreadyRunning, StackFolder, UpState
+from voicering.stack.local_tenant import ensure_local_tenant
+from voicering.stack.plan import ExposedWithoutToken, Models, PortInUse, StackPlan, check_ports, is_loopback, plan_stack
+from voicering.stack.settings import UpSettings
+from voicering.stack.supervisor import RestartPolicy, Supervisor
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_REFUSED", "run_up"]
 

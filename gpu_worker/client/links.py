@@ -1,25 +1,25 @@
 """The pool's connections: one table of workers (`Peer`), their websockets (`Link`) and the
-utterances open on each (`Attempt`); dialing, reading, and each worker's health.
+contexts open on each (`Attempt`); dialing, reading, and each worker's health.
 
-**Dialing.** One websocket per worker, opened lazily, shared by all the utterances routed there,
+**Dialing.** One websocket per worker, opened lazily, shared by all the contexts routed there,
 each dial carrying `PROTOCOL_HEADER: PROTOCOL_VERSION`; the version the worker answers is kept
 per link (a worker from before negotiation answers nothing: version 1). A worker admits only
-`max_streams_per_connection` utterances per connection and says how many on the handshake
-(`CONNECTION_STREAMS_HEADER`): a link with its most takes no new utterance and the next try may
+`max_streams_per_connection` contexts per connection and says how many on the handshake
+(`CONNECTION_STREAMS_HEADER`): a link with its most takes no new context and the next try may
 open a second connection (at most `max_connections_per_peer`). A worker that does not say so is
 learned from: a `busy` for the connection's limit (`Error.limit == "connection"`, or no limit
 named by a worker from before it named them) on a connection holding k > 0 means "at most k".
 Any other `busy` (capacity, share, relay) is the worker's state now, never the link's. A connection older than `max_connection_age_s` takes no new
-utterances and closes once its last one ends. Failed dials back off exponentially.
+contexts and closes once its last one ends. Failed dials back off exponentially.
 
-**One dial, one outcome.** Utterances that need a connection to a worker while one is being dialed
+**One dial, one outcome.** Contexts that need a connection to a worker while one is being dialed
 wait for that dial and share its outcome: a black-holed worker costs all of them one
 `open_timeout_s`, together, and each moves on to its next candidate (issue 20, M7).
 
 **Reading.** One reader task per connection (`pool-link:<worker>#<n>`) hands each message to its
-utterance's queue, refreshes the router's load estimate from every `load` a worker reports
+context's queue, refreshes the router's load estimate from every `load` a worker reports
 (`opened`, `done`, `error`), and counts routing events (`RoutingCounts`). A connection lost with
-utterances on it counts one failure for the worker (not when it closed with 1009: our fault).
+contexts on it counts one failure for the worker (not when it closed with 1009: our fault).
 
 **Health** is `ejection.EjectionPolicy`'s; this module applies it to the table.
 """
@@ -37,20 +37,20 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.frames import CloseCode
 
-from gpu_worker.client import WorkerRequestError
-from gpu_worker.ejection import Health
-from gpu_worker.pool_types import NoWorkerAvailable, PoolSettings, RoutingStats
+from gpu_worker.client.connection import WorkerRequestError
+from gpu_worker.client.ejection import Health
+from gpu_worker.client.types import NoWorkerAvailable, PoolSettings, RoutingStats
 from gpu_worker.protocol import (CONNECTION_STREAMS_HEADER, PROTOCOL_HEADER, PROTOCOL_VERSION, AudioChunk, ClientMessage,
                                  Done, Error, Opened, PushText, Rejected, Start, connection_streams, encode, parse_server,
                                  protocol_version)
-from gpu_worker.routers import Router
+from gpu_worker.client.routers import Router
 from hashring.records import WorkerInfo
 
 __all__ = ["LOST", "Attempt", "Link", "Links", "Peer", "Received", "RoutingCounts"]
 
 log = logging.getLogger(__name__)
 
-LOST = object()  # queued to every utterance of a connection that dropped
+LOST = object()  # queued to every context of a connection that dropped
 DIAL_ERRORS = (OSError, TimeoutError, WebSocketException)
 
 
@@ -63,7 +63,7 @@ class Received(NamedTuple):
 
 @dataclass(eq=False, slots=True)
 class Attempt:
-    """One try of an utterance: a context on one connection."""
+    """One try of a context: a context on one connection."""
 
     context_id: str
     link: Link
@@ -86,8 +86,8 @@ class Link:
     opened_at: float
     version: int = 1  # the protocol version the worker answered on the handshake
     contexts: dict[str, Attempt] = field(default_factory=dict)
-    limit: int | None = None  # utterances it takes at once: the worker's word on the handshake, else learned
-    retiring: bool = False  # takes no new utterances; closed when the last one ends
+    limit: int | None = None  # contexts it takes at once: the worker's word on the handshake, else learned
+    retiring: bool = False  # takes no new contexts; closed when the last one ends
     reader: asyncio.Task | None = None
 
     def __post_init__(self) -> None:
@@ -109,7 +109,7 @@ class Peer:
     dial_failures: int = 0  # in a row
     next_dial_at: float = 0.0
     links_opened: int = 0
-    opening: int = 0  # utterances routed here that have no context on a link yet
+    opening: int = 0  # contexts routed here that have no context on a link yet
     version: int = 0  # the version its newest link answered; 0: never connected
 
     @property
@@ -151,7 +151,7 @@ class Links:
         peer = self.peers.get(info.id)
         if peer is None:
             peer = self.peers[info.id] = Peer(info)
-        elif self.address(peer.info) != self.address(info):  # re-registered elsewhere: new utterances use the new address
+        elif self.address(peer.info) != self.address(info):  # re-registered elsewhere: new contexts use the new address
             peer.info = info
             for link in peer.links:
                 link.retiring = True
@@ -165,7 +165,7 @@ class Links:
             del self.peers[pid]
 
     def loads(self) -> dict[str, int]:
-        """This pool's utterances per worker: open, plus routed there and still connecting."""
+        """This pool's contexts per worker: open, plus routed there and still connecting."""
         return {pid: p.streams + p.opening for pid, p in self.peers.items()}
 
     def unavailable(self, worker_id: str, now: float) -> bool:
@@ -195,7 +195,7 @@ class Links:
     # -- connections ------------------------------------------------------------------------------
 
     async def link(self, peer: Peer, *, min_links: int | None = None) -> Link | None:
-        """A connection to `peer` with room for one more utterance (None if it has its most), or,
+        """A connection to `peer` with room for one more context (None if it has its most), or,
         with `min_links`, any live one once it has that many. Raises what a failed dial raised."""
         while True:
             now = time.monotonic()
@@ -324,7 +324,7 @@ class Links:
                 attempt = link.contexts.get(message.context_id) if message.context_id else None
                 if attempt is None:  # e.g. `rejected` for a push that crossed the context's end
                     level = logging.DEBUG if isinstance(message, Rejected | Done | Opened) else logging.WARNING
-                    log.log(level, "worker %s: %s not tied to a live utterance: %s", link.peer.id, message.type, message)
+                    log.log(level, "worker %s: %s not tied to a live context: %s", link.peer.id, message.type, message)
                     continue
                 if isinstance(message, Opened):
                     self._took(attempt)

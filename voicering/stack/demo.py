@@ -26,9 +26,9 @@ from pathlib import Path
 
 import httpx
 
-from gateway.stack.children import Child, ChildSpec
-from gateway.stack.folder import StackFolder, UpState
-from gateway.stack.settings import UpSettings
+from voicering.stack.children import Child, ChildSpec
+from voicering.stack.folder import StackFolder, UpState
+from voicering.stack.settings import UpSettings
 
 __all__ = ["run_demo"]
 
@@ -342,7 +342,7 @@ async def _livekit_line(gateway_url: str, api_key: str, out_dir: Path, max_token
     from gpu_worker.wav import write_wav
 
     plugin = voicering.TTS(voice=VOICE, transport=voicering.GatewayTransport(gateway_url, api_key),
-                           options=voicering.UtteranceOptions(seed=7, max_tokens=max_tokens))
+                           options=voicering.ContextOptions(seed=7, max_tokens=max_tokens))
     began, first, pcm = time.perf_counter(), None, bytearray()
     try:
         speech = plugin.synthesize(LINES["livekit"])

@@ -20,8 +20,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.stack.children import ChildSpec
-from gateway.stack.settings import UpSettings
+from voicering.stack.children import ChildSpec
+from voicering.stack.settings import UpSettings
 from gpu_worker.open_cluster import MIN_TOKEN_CHARS, is_loopback, usable_token
 
 __all__ = ["ExposedWithoutToken", "Models", "PortInUse", "QUICK_CLONE_PARAMS", "StackPlan", "check_ports",

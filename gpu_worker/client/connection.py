@@ -1,4 +1,4 @@
-"""A websocket client for one worker: many concurrent utterances over one connection.
+"""A websocket client for one worker: many concurrent contexts over one connection.
 
 Pure asyncio + websockets (no torch), so the CLI, tests and the gateway can all use it.
 """
@@ -25,7 +25,7 @@ from gpu_worker.protocol import (
     PushText,
     Rejected,
     Start,
-    UtteranceOptions,
+    ContextOptions,
     encode,
     parse_server,
 )
@@ -36,7 +36,7 @@ MAX_CONNECTION_ERRORS = 64
 
 
 class WorkerRequestError(Exception):
-    """The worker answered an utterance with an error message."""
+    """The worker answered a context with an error message."""
 
     def __init__(self, error: Error) -> None:
         super().__init__(f"{error.code}: {error.message}")
@@ -56,7 +56,7 @@ _CLOSED = object()
 
 @dataclass(slots=True)
 class Speech:
-    """A finished utterance as seen by the client."""
+    """A finished context as seen by the client."""
 
     pcm: bytes
     done: Done
@@ -74,7 +74,7 @@ async def collect(stream) -> Speech:  # noqa: ANN001 - any stream with end(), au
 
 
 @dataclass(slots=True)
-class UtteranceStream:
+class ContextStream:
     """The client side of one context: iterate PCM chunks, then `done` holds the worker's stats."""
 
     context_id: str
@@ -116,7 +116,7 @@ class UtteranceStream:
 class WorkerClient:
     def __init__(self, ws: ClientConnection) -> None:
         self._ws = ws
-        self._streams: dict[str, UtteranceStream] = {}
+        self._streams: dict[str, ContextStream] = {}
         self._reader = asyncio.create_task(self._read(), name="worker-client-reader")
         # errors and refusals not tied to a live stream: the latest MAX_CONNECTION_ERRORS, and how many in all
         self.connection_errors: deque[Error | Rejected] = deque(maxlen=MAX_CONNECTION_ERRORS)
@@ -130,19 +130,19 @@ class WorkerClient:
 
     @property
     def closed(self) -> bool:
-        """The connection is gone (its reader ended): open a new client for more utterances."""
+        """The connection is gone (its reader ended): open a new client for more contexts."""
         return self._reader.done()
 
-    async def start(self, voice: str, text: str = "", *, options: UtteranceOptions | None = None,
-                    context_id: str | None = None, traceparent: str | None = None) -> UtteranceStream:
+    async def start(self, voice: str, text: str = "", *, options: ContextOptions | None = None,
+                    context_id: str | None = None, traceparent: str | None = None) -> ContextStream:
         """``traceparent``: the caller's W3C trace context (the worker starts a trace without one)."""
         context_id = context_id or uuid.uuid4().hex[:16]
-        stream = UtteranceStream(context_id, self)
+        stream = ContextStream(context_id, self)
         self._streams[context_id] = stream
-        await self._send(Start(context_id, voice, text, options or UtteranceOptions(), traceparent=traceparent))
+        await self._send(Start(context_id, voice, text, options or ContextOptions(), traceparent=traceparent))
         return stream
 
-    async def say(self, voice: str, text: str, *, options: UtteranceOptions | None = None,
+    async def say(self, voice: str, text: str, *, options: ContextOptions | None = None,
                   traceparent: str | None = None) -> Speech:
         """Speak one text and collect all of its audio."""
         return await collect(await self.start(voice, text, options=options, traceparent=traceparent))

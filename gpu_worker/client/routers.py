@@ -1,4 +1,4 @@
-"""Where one more utterance of a voice should go: the pool's routing seam.
+"""Where one more context of a voice should go: the pool's routing seam.
 
 `RingRouter` runs `hashring.choice.order` over a `RingWatcher`'s view: two random choices among
 the voice's placement owners on (the load each reported, in its last heartbeat or, if newer, on
@@ -32,16 +32,16 @@ HELD_VOICES = 64  # voices remembered per worker as "it took this voice lately" 
 
 
 class Router(Protocol):
-    """Where one more utterance of a voice should go."""
+    """Where one more context of a voice should go."""
 
     places: bool  # its choice follows the ring the workers share: the worker serves the start itself
 
     def pick(self, voice: str, loads: Mapping[str, int], exclude: Collection[str]) -> WorkerInfo:
-        """The worker for one more utterance; raises EmptyRing when every worker is excluded."""
+        """The worker for one more context; raises EmptyRing when every worker is excluded."""
         ...
 
     def candidates(self, voice: str, loads: Mapping[str, int], exclude: Collection[str]) -> Iterator[WorkerInfo]:
-        """Every worker one more utterance may try, best first, lazily (`loads`: the pool's own
+        """Every worker one more context may try, best first, lazily (`loads`: the pool's own
         streams per worker now); none when no worker is live and undrained (never raises)."""
         ...
 
@@ -50,7 +50,7 @@ class Router(Protocol):
         ...
 
     def took(self, worker_id: str, voice: str) -> None:
-        """A worker took an utterance of `voice` (so it likely holds the voice's adapter now)."""
+        """A worker took a context of `voice` (so it likely holds the voice's adapter now)."""
         ...
 
     def owners(self, voice: str) -> tuple[WorkerInfo, ...]:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 
-from gpu_worker.stall import LoopWatchdog
+from gpu_worker.loop_watchdog import LoopWatchdog
 
 
 def a_blocking_call_in_the_loop() -> None:
@@ -14,7 +14,7 @@ def a_blocking_call_in_the_loop() -> None:
 
 
 async def test_a_blocked_loop_is_reported_with_the_blocking_stack(caplog):
-    caplog.set_level(logging.WARNING, logger="gpu_worker.stall")
+    caplog.set_level(logging.WARNING, logger="gpu_worker.loop_watchdog")
     async with LoopWatchdog(stall_s=0.2) as dog:
         await asyncio.sleep(0.3)
         assert dog.stalls == 0  # an idle loop that keeps turning is no stall

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.stack.children import Child, ChildFailed, StartInterrupted
+from voicering.stack.children import Child, ChildFailed, StartInterrupted
 
 __all__ = ["RestartPolicy", "Supervisor"]
 

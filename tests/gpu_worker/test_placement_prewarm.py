@@ -22,7 +22,7 @@ from hashring.placement import ReplicaControl, place
 from hashring.records import RingView, WorkerInfo
 from hashring.settings import RetryPolicy, RingSettings
 from hashring.store import RingStore
-from gpu_worker.ownership import OwnershipWarmer, heat_rates, newly_owned
+from gpu_worker.placement_prewarm import OwnershipWarmer, heat_rates, newly_owned
 
 pytestmark = pytest.mark.timeout(60)
 

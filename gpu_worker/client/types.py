@@ -3,7 +3,7 @@ module imports these; they import nothing of the pool.
 
 Errors (all `WorkerRequestError`, so callers handle one type; `.error.code`, `.retryable`):
 
-    WorkerRequestError      the worker's own error for the utterance (client.py)
+    WorkerRequestError      the worker's own error for the context (client.py)
     ├── WorkerLost          worker_lost: the connection dropped after audio was relayed
     └── NoWorkerAvailable   no_worker (retryable): every candidate was tried, ejected or full
         └── NoWorkerServing no_worker (retryable): the ring has no live, undrained worker at all
@@ -14,23 +14,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gpu_worker.client import WorkerRequestError
-from gpu_worker.ejection import EjectionPolicy
+from gpu_worker.client.connection import WorkerRequestError
+from gpu_worker.client.ejection import EjectionPolicy
 from gpu_worker.protocol import MAX_MESSAGE_BYTES, Error
 
 __all__ = ["NoWorkerAvailable", "NoWorkerServing", "PeerStats", "PoolSettings", "RoutingStats", "WorkerLost"]
 
 
 class WorkerLost(WorkerRequestError):
-    """The connection to the worker dropped after audio of this utterance reached the caller."""
+    """The connection to the worker dropped after audio of this context reached the caller."""
 
     def __init__(self, context_id: str, worker_id: str) -> None:
-        super().__init__(Error("worker_lost", f"connection to worker {worker_id} was lost mid-utterance, after audio "
-                                              "was relayed; the utterance cannot be resumed", False, context_id))
+        super().__init__(Error("worker_lost", f"connection to worker {worker_id} was lost mid-context, after audio "
+                                              "was relayed; the context cannot be resumed", False, context_id))
 
 
 class NoWorkerAvailable(WorkerRequestError):
-    """No worker could take the utterance: all were tried, ejected or full. Retry shortly."""
+    """No worker could take the context: all were tried, ejected or full. Retry shortly."""
 
     def __init__(self, message: str, context_id: str | None = None) -> None:
         super().__init__(Error("no_worker", message, True, context_id))
@@ -44,10 +44,10 @@ class NoWorkerServing(NoWorkerAvailable):
 @dataclass(frozen=True, slots=True)
 class PoolSettings:
     open_timeout_s: float = 5.0  # TCP connect + websocket handshake
-    max_connection_age_s: float = 600.0  # older connections take no new utterances
+    max_connection_age_s: float = 600.0  # older connections take no new contexts
     max_connections_per_peer: int = 4
-    max_attempts: int = 4  # failed tries per utterance (workers or connections), the first included; `busy` is not one
-    max_refusals: int = 6  # `busy` answers per utterance before it gives up with the last one
+    max_attempts: int = 4  # failed tries per context (workers or connections), the first included; `busy` is not one
+    max_refusals: int = 6  # `busy` answers per context before it gives up with the last one
     reconnect_base_s: float = 0.1  # failed dials back off: base × 2**(n-1), capped, ±20 % jitter
     reconnect_max_s: float = 5.0
     consecutive_errors: int = 5  # failures on open connections that eject a worker
@@ -56,7 +56,7 @@ class PoolSettings:
     max_ejected_share: float = 0.1  # of the workers known to the router; at least one
     max_message_bytes: int = 1 << 22  # the largest message taken from a worker
     peer_max_message_bytes: int = MAX_MESSAGE_BYTES  # the largest a worker takes: bigger ones are refused unsent
-    first_audio_timeout_s: float | None = 30.0  # after a flush or end, the longest wait for an utterance's first audio
+    first_audio_timeout_s: float | None = 30.0  # after a flush or end, the longest wait for a context's first audio
     stall_timeout_s: float | None = 30.0  # after the first audio, the longest gap while the worker owes audio
     address: Literal["ws_url", "proxy_url"] = "ws_url"  # which registered address to dial (workers use proxy_url)
     token: str | None = None  # the cluster token, sent as `Authorization: Bearer` on every dial
@@ -85,7 +85,7 @@ class PeerStats:
     dials: int  # connection attempts, successful or not
     links: int  # connections open now
     links_opened: int  # connections opened over the pool's life
-    streams: int  # utterances open there now
+    streams: int  # contexts open there now
     errors: int  # consecutive failures on open connections
     ejections: int  # the current ejection count (sets the length of the next one)
     ejection_s: float  # length of the latest ejection

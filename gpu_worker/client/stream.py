@@ -1,13 +1,13 @@
-"""One utterance through the pool (`PoolStream`): its candidates, its tries, its retries.
+"""One context through the pool (`PoolStream`): its candidates, its tries, its retries.
 
 **Candidates.** At its first try the stream asks the router once for its candidates, best first
 (`Router.candidates`: for the ring, up to `owner_tries` owners by two random choices, then ring
-successors). Workers this utterance already tried, ejected workers and workers in reconnect
+successors). Workers this context already tried, ejected workers and workers in reconnect
 back-off are skipped; if *every* worker is ejected or backing off, they are tried anyway (Envoy's
 panic mode): a lone worker that restarts is found again without waiting out its ejection.
 
-**Refusals.** A `busy` answer moves the utterance to its next candidate (or, when the link held
-other utterances, to another connection to the same worker: the per-connection share). It does
+**Refusals.** A `busy` answer moves the context to its next candidate (or, when the link held
+other contexts, to another connection to the same worker: the per-connection share). It does
 not count against the worker's health, nor as one of `max_attempts` (the failed tries: dials
 that fail, connections lost, worker errors, no first audio in time); refusals have their own
 bound, `max_refusals`, after which the last `busy` is raised. The last candidate tried after at
@@ -17,17 +17,17 @@ rule (its capacity still holds). A worker that refused only for its fleet share 
 has refused or is gone: a request that fits somewhere is never turned away for balance.
 
 **Retry before audio.** Until the first audio chunk has been handed to the caller, a retryable
-failure sends the utterance to its next candidate, replaying what was pushed so far (start text,
+failure sends the context to its next candidate, replaying what was pushed so far (start text,
 pushes, flushes, end). From the first chunk on there is no retry: a lost connection ends the
 stream with `WorkerLost` and any worker error is raised as it came, so audio is never duplicated
 or spliced from two workers.
 
-**Hung and stalled workers.** An utterance asked to speak (a flush or its end, with text) that
+**Hung and stalled workers.** A context asked to speak (a flush or its end, with text) that
 gets no first audio within `first_audio_timeout_s` is cancelled there, the worker is ejected and
-the utterance retried elsewhere (`worker_timeout` if no other worker takes it). After its first
-audio, while the worker owes audio (the utterance has ended and no `done` came, or text was
+the context retried elsewhere (`worker_timeout` if no other worker takes it). After its first
+audio, while the worker owes audio (the context has ended and no `done` came, or text was
 flushed after the last chunk), a gap longer than `stall_timeout_s` ends the stream with
-`worker_timeout` (retryable by the caller: the utterance is over, nothing of it is retried here,
+`worker_timeout` (retryable by the caller: the context is over, nothing of it is retried here,
 since the caller has part of its audio): the context is cancelled on the worker, the failure
 counts toward its ejection, and the link stays up for the others.
 """
@@ -44,9 +44,9 @@ from dataclasses import replace
 
 from websockets.exceptions import ConnectionClosed
 
-from gpu_worker.client import WorkerRequestError
-from gpu_worker.links import DIAL_ERRORS, Attempt, Links, Peer, Received
-from gpu_worker.pool_types import NoWorkerAvailable, NoWorkerServing, WorkerLost
+from gpu_worker.client.connection import WorkerRequestError
+from gpu_worker.client.links import DIAL_ERRORS, Attempt, Links, Peer, Received
+from gpu_worker.client.types import NoWorkerAvailable, NoWorkerServing, WorkerLost
 from gpu_worker.protocol import Cancel, ClientMessage, Done, End, Error, Flush, PushText, Rejected, Start
 from hashring.records import WorkerInfo
 
@@ -58,7 +58,7 @@ _FAILURE_CODES = frozenset({"engine_error", "internal"})  # worker-side failures
 
 
 class PoolStream:
-    """One utterance through the pool: push/flush/end/cancel, then iterate `audio()`; `done` holds
+    """One context through the pool: push/flush/end/cancel, then iterate `audio()`; `done` holds
     the worker's stats. `worker_id` is the worker serving it now, `attempts` the tries so far
     (`refusals` of them answered `busy`); `last_chunk_received_at` is when the connection's reader
     took the chunk `audio()` yielded last off the socket (perf_counter), so a relay can time its
@@ -85,7 +85,7 @@ class PoolStream:
         self.attempts = 0
         self.refusals = 0
         self.done: Done | None = None
-        self.rejected: list[Rejected] = []  # messages of this utterance a worker refused (no effect)
+        self.rejected: list[Rejected] = []  # messages of this context a worker refused (no effect)
         self.started_at = time.perf_counter()
         self.first_audio_at: float | None = None
         self.last_chunk_received_at: float | None = None
@@ -101,7 +101,7 @@ class PoolStream:
 
     @property
     def opened_at(self) -> float | None:
-        """When a worker took this utterance (its `opened`, perf_counter): routing's part ends there."""
+        """When a worker took this context (its `opened`, perf_counter): routing's part ends there."""
         return self._attempt.opened_at if self._attempt else None
 
     @property
@@ -204,15 +204,15 @@ class PoolStream:
                                                            "being asked to speak", True, attempt.context_id))
 
     async def _stalled(self, attempt: Attempt) -> None:
-        """Audio stopped while the worker owes more: end this utterance (never retried: the caller
+        """Audio stopped while the worker owes more: end this context (never retried: the caller
         has part of it), cancel it there, count a failure; the link carries on for the others."""
         peer, limit = attempt.link.peer, self._links.settings.stall_timeout_s
         await self._cancel_there(attempt)
-        self._links.failed(peer, f"an utterance stalled for {limit:.0f} s")
-        log.warning("utterance %s on worker %s: no audio for %.0f s while more was due; ended", attempt.context_id,
+        self._links.failed(peer, f"a context stalled for {limit:.0f} s")
+        log.warning("context %s on worker %s: no audio for %.0f s while more was due; ended", attempt.context_id,
                     peer.id, limit)
-        raise WorkerRequestError(Error("worker_timeout", f"worker {peer.id} stopped sending audio mid-utterance (nothing "
-                                                         f"for {limit:.0f} s while more was due); the utterance was "
+        raise WorkerRequestError(Error("worker_timeout", f"worker {peer.id} stopped sending audio mid-context (nothing "
+                                                         f"for {limit:.0f} s while more was due); the context was "
                                                          "cancelled there: retry it", True, attempt.context_id))
 
     # -- sending ----------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ class PoolStream:
             self._tried.add(failed.link.peer.id)
             if error is not None and error.code == "busy" and error.limit == "share" and failed.link.version >= 2:
                 self._shy.append(failed.link.peer.info)  # a preference, not a refusal: it has room if it must
-        log.info("utterance %s: %s on worker %s before any audio; retrying", failed.context_id,
+        log.info("context %s: %s on worker %s before any audio; retrying", failed.context_id,
                  error.code if error else "connection lost", failed.link.peer.id)
         await self._open(error)
 
