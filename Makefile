@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(VENV)/bin/voicering bench fleet --json
 	$(VENV)/bin/voicering bench burst --json
 	$(VENV)/bin/voicering bench clone --json
+	$(VENV)/bin/voicering bench text --json
 
 clean:
 	rm -rf $(VENV) out .cache

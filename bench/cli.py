@@ -75,6 +75,18 @@ def clone(
     _emit(run(quick=quick), as_json)
 
 
+@app.command("text")
+def text(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    rounds: int = typer.Option(20, min=1, help="Timed rounds over the case set (peers run a tenth of them)."),
+) -> None:
+    """The text normalizer on the case set (tests/data/normalize_cases.jsonl): accuracy per category,
+    ms per sentence on the serving path; num2words, inflect and nemo-text-processing beside it."""
+    from bench.text import run
+
+    _emit(run(rounds=rounds), as_json)
+
+
 @app.command("ring")
 def ring(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Lookup speed against uhashring, spread, movement, and routing under stale loads for 64 workers."""

@@ -32,6 +32,7 @@ from gpu_worker.orpheus import SAMPLE_RATE
 from gpu_worker.protocol import MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AudioChunk, Done, Error, Start, ContextStats
 from gpu_worker.scheduler import BatchedDecodeRunner, DecodeRunner
 from gpu_worker.speech import SegmentStats, speak_request
+from gpu_worker.text import normalize
 from gpu_worker.trace_context import Hop, HopKind, TraceContext, current, log_hop
 from gpu_worker.trace_context import parse as parse_traceparent
 
@@ -43,6 +44,14 @@ log = logging.getLogger(__name__)
 
 Send = Callable[[object], Awaitable[None]]
 END_OF_SEGMENTS = object()  # sentinel: no more segments
+
+
+def spoken(text: str) -> str:
+    """What the voice reads for a segment: the text front end's reading (numbers, money, dates,
+    units, abbreviations; tags kept whole), the one its clone was trained on (lora_training.text uses
+    the same normalizer). Applied where the prompt is built: a relay forwards the caller's text and
+    its owner reads it once (a relay's local fallback runs this same code)."""
+    return normalize(text).text
 
 
 class ContextLog(logging.LoggerAdapter):
@@ -117,6 +126,7 @@ class Context:
             constraint=o.constraint or d.constraint,
         )
         self.trim = o.trim_silence if o.trim_silence is not None else deps.trim_factory is not None
+        self.normalizes = o.normalize is not False  # the text front end reads it (else: as written)
         self._buffer: list[str] = []
         self._buffered_chars = 0
         self._segments: asyncio.Queue[object] = asyncio.Queue()
@@ -244,7 +254,8 @@ class Context:
                 text, chars = item
                 self._hold(-chars)
                 segments += 1
-                requests = await self.deps.engine.plan(self.voice, text, self.options.max_tokens)
+                requests = await self.deps.engine.plan(self.voice, text, self.options.max_tokens,
+                                                       reading=spoken if self.normalizes else None)
                 for i, request in enumerate(requests):
                     trimmer = self.deps.trim_factory() if (self.trim and self.deps.trim_factory) else None
                     seed = self.options.seed

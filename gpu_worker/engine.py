@@ -192,16 +192,21 @@ class SpeechEngine:
     def prompt(self, voice: Voice, text: str) -> list[int]:
         return prompt_ids(self._tokenizer, voice.prompt_name, text)
 
-    async def plan(self, voice: Voice, text: str, max_tokens: int | None = None) -> list[EngineRequest]:
-        """A segment's engine requests, in speaking order (tokenized off the event loop).
+    async def plan(self, voice: Voice, text: str, max_tokens: int | None = None,
+                   reading: Callable[[str], str] | None = None) -> list[EngineRequest]:
+        """A segment's engine requests, in speaking order (read and tokenized off the event loop).
+        ``reading``: what the voice reads for the written text (the text front end), applied first.
 
         ``max_tokens``: the client's cap per request (else bounded from each piece's length); it is
         clamped to what the context leaves after the prompt, and a request that hits it ends by
         length, which the caller reports.
         """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._text_thread, plan_requests, self.prompt, voice, text,
-                                          self.settings.max_model_len, max_tokens)
+        def planned() -> list[EngineRequest]:
+            spoken = reading(text) if reading is not None else text
+            return plan_requests(self.prompt, voice, spoken, self.settings.max_model_len, max_tokens)
+
+        return await loop.run_in_executor(self._text_thread, planned)
 
     @staticmethod
     def lora_request(voice: Voice) -> object | None:

@@ -50,6 +50,9 @@ class ContextOptions:
     seed: int | None = None
     trim_silence: bool | None = None
     constraint: Literal["fused", "mask", "off"] | None = None  # slot-constrained sampling mode
+    # the text front end (gpu_worker.text): False speaks the text as written, for callers who
+    # normalize it themselves; None: normalized (left off the wire, so older workers accept the start)
+    normalize: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +209,9 @@ def encode(message: ClientMessage | ServerMessage) -> str:
     for name, absent in _V2_ABSENT.items():
         if name in payload and payload[name] is absent:
             del payload[name]
+    options = payload.get("options")
+    if isinstance(options, dict) and options.get("normalize") is None:
+        del options["normalize"]
     stats = payload.get("stats")
     for name, absent in _STATS_ABSENT.items() if isinstance(stats, dict) else ():
         if stats.get(name) == absent:
@@ -285,6 +291,8 @@ def _validate_options(o: ContextOptions) -> ContextOptions:
         raise BadRequest(f"option 'constraint' must be fused, mask or off, got {_shown(o.constraint)}")
     if o.trim_silence is not None and not isinstance(o.trim_silence, bool):
         raise BadRequest("option 'trim_silence' must be true or false")
+    if o.normalize is not None and not isinstance(o.normalize, bool):
+        raise BadRequest("option 'normalize' must be true or false")
     return o
 
 

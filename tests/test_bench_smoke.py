@@ -18,6 +18,7 @@ judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
     fleet     tests/test_bench_fleet.py         bench.fleet.measure on the suite's three workers
     burst     tests/test_bench_burst.py         a small burst on the session worker and gateway
     clone     tests/test_bench_clone.py         `voicering bench clone --json --quick`
+    text      here                     `voicering bench text --json --rounds 1` (peers absent here are reported so)
 
 The benches that start workers run one command at a time (each its own), so with the session
 worker at most two engines are alive at once here (three for the proxy bench).
@@ -42,6 +43,7 @@ SMOKED = {
     "codec": "here", "ring": "tests/hashring/test_ring_cli.py", "silence": "here", "worker": "here", "train": "here",
     "proxy": "here", "gateway": "here", "livekit": "here", "capacity": "tests/test_bench_capacity.py",
     "fleet": "tests/test_bench_fleet.py", "burst": "tests/test_bench_burst.py", "clone": "tests/test_bench_clone.py",
+    "text": "here",
 }
 
 
@@ -150,3 +152,16 @@ def test_bench_livekit_runs():
     has_every(figures, *TARGETS, "plugin_ttfb_ms_p50", "direct_ttfb_ms_p50", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS)
     assert figures["config"]["turns"] == 10 and figures["failed_turns"] == 0
+
+
+@pytest.mark.timeout(300)
+def test_bench_text_runs():
+    from bench.text import TARGETS
+
+    figures = bench("text", "--rounds", "1", timeout_s=280)
+    has_every(figures, *TARGETS, "per_category", "serving_ms_p50", "peers", "targets_met", "stream_equals_whole")
+    assert set(figures["targets_met"]) == set(TARGETS) and figures["cases"] >= 300
+    assert not figures["categories_missing"] and figures["stream_equals_whole"]
+    assert set(figures["peers"]) == {"num2words", "inflect", "nemo_text_processing"}
+    for peer in figures["peers"].values():  # measured, or said to be absent: never a made-up figure
+        assert "absent" in peer or {"accuracy", "min_category_accuracy", "serving_ms_p99"} <= set(peer)

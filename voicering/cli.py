@@ -33,6 +33,7 @@ def _wire() -> None:
     from gateway.serve import command as gateway_command
     from voicering.stack.cli import register as register_stack
     from gpu_worker.cli import register as register_worker
+    from gpu_worker.text.cli import command as normalize_command
     from hashring.cli import app as ring_app
     from lora_training.cli import register as register_training
     from silence_trim.cli import app as trim_app
@@ -50,6 +51,7 @@ def _wire() -> None:
     app.add_typer(tenant_app, name="tenant", help="Tenants, their API keys and limits (in Redis).")
     app.command("gateway")(gateway_command)
     app.command("status")(status_command)
+    app.command("normalize")(normalize_command)
     app.command("trace")(trace_command)
     app.command("redis-acl")(redis_acl_command)
 

@@ -103,6 +103,7 @@ class SpeechRequest(BaseModel):
     stream_format: Literal["audio", "sse"] = "audio"
     seed: int | None = Field(None, ge=0, lt=2**32)  # voicering: reproducible audio
     max_tokens: int | None = Field(None, ge=7, le=8192)  # voicering: cap on generated audio tokens
+    normalize: bool = True  # voicering: false speaks `input` as written (numbers, dates... not read out by us)
 
     @field_validator("input")
     @classmethod
@@ -167,7 +168,8 @@ async def create_speech(request: Request, tenant: Annotated[Tenant, Depends(call
     admitted = time.perf_counter()
     try:
         stream = await gateway.pool.start(voice_id, body.input, traceparent=trace.traceparent,
-                                          options=ContextOptions(seed=body.seed, max_tokens=body.max_tokens))
+                                          options=ContextOptions(seed=body.seed, max_tokens=body.max_tokens,
+                                                                 normalize=None if body.normalize else False))
         run.stream = stream
         await stream.end()
         audio = stream.audio()

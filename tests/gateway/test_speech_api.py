@@ -85,6 +85,25 @@ async def test_pcm_equals_the_worker_s_samples_for_the_same_seed(gateway, worker
     assert response.content == spoken.pcm and spoken.pcm
 
 
+async def test_normalize_false_reaches_the_worker_and_the_default_reads_the_digits(gateway, worker, key):
+    """Issue 36: the gateway passes `normalize` through; the worker reads "$5" as the text front end
+    does unless the caller says it normalizes itself (seeded audio is identical for identical prompts)."""
+    api = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0)
+    text = "It is $5."
+
+    async def http(**extra) -> bytes:
+        response = await api.audio.speech.create(model="voicering-orpheus", voice="tara", input=text,
+                                                 response_format="pcm", extra_body={**EXTRA, **extra})
+        return response.content
+
+    async with await WorkerClient.connect(worker.url) as direct:
+        read = await direct.say("tara", "It is five dollars.", options=ContextOptions(seed=11, max_tokens=15))
+        as_written = await direct.say("tara", text, options=ContextOptions(seed=11, max_tokens=15, normalize=False))
+    assert read.pcm != as_written.pcm
+    assert await http() == read.pcm
+    assert await http(normalize=False) == as_written.pcm
+
+
 def test_sse_events_carry_base64_audio_then_usage(gateway, key):
     with httpx.stream("POST", f"{gateway.url}/v1/audio/speech", headers={"Authorization": f"Bearer {key}"},
                       json={"model": "tts-1", "voice": "leo", "input": "Events.", "response_format": "pcm",

@@ -1,4 +1,5 @@
-"""Transcript normalization: numbers spelled out, whitespace collapsed, sentences split."""
+"""Transcript normalization (the serving normalizer, gpu_worker.text): numbers spelled out, whitespace
+collapsed, sentences split. The normalizer's own cases are in tests/gpu_worker/test_text_*.py."""
 
 import pytest
 
@@ -21,9 +22,11 @@ def test_ordinal(n, words):
 
 def test_normalize_numbers_whitespace_and_tags():
     assert normalize("  We won  1st prize:\n$5 and 45% more in 2026 ! <laugh> ") == (
-        "We won first prize: five dollars and forty-five percent more in two thousand twenty-six! <laugh>"
+        "We won first prize: five dollars and forty-five percent more in twenty twenty-six! <laugh>"
     )
-    assert normalize("3.5 km, 1,000 people") == "three point five km, one thousand people"
+    # "in 2026" is a year (gpu_worker.text.english._is_year); 2026 alone is a count
+    assert normalize("2026 people") == "two thousand twenty-six people"
+    assert normalize("3.5 km, 1,000 people") == "three point five kilometers, one thousand people"
 
 
 def test_sentences_split_on_lines_and_end_marks():

@@ -1,0 +1,40 @@
+"""`voicering normalize "TEXT" [--language en]`: print what the voice will read for TEXT.
+
+`voicering normalize -` reads standard input and prints one line out for each line in (an empty
+line for an empty one), for batch checks. A developer who hears a word read wrong sees here
+whether the normalizer or the voice did it. Exit status: 0 read, 1 a line was refused (too long),
+2 a usage error (a language without rules).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from gpu_worker.errors import TextTooLong
+from gpu_worker.text.languages import UnknownLanguage
+from gpu_worker.text.normalize import normalize
+
+__all__ = ["command"]
+
+
+def command(
+    text: str = typer.Argument(..., help='The written text, or "-" to read lines from standard input.'),
+    language: str = typer.Option("en", "--language", help="The text's language (rules exist for: en)."),
+) -> None:
+    """Print what the voice reads for TEXT (numbers, dates, money, units, abbreviations spelled out; tags kept)."""
+    lines = (line.rstrip("\n") for line in sys.stdin) if text == "-" else iter([text])
+    failed = False
+    for line in lines:
+        try:
+            typer.echo(normalize(line, language).text)
+        except UnknownLanguage as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except TextTooLong as exc:
+            typer.echo("", nl=True)  # one line out for each line in, even a refused one
+            typer.echo(f"error: {exc}", err=True)
+            failed = True
+    if failed:
+        raise typer.Exit(1)
