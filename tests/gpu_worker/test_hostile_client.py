@@ -146,12 +146,30 @@ async def test_voice_ids_are_checked_exactly_and_never_echoed_whole(worker):
 
 
 async def test_text_with_no_place_to_cut_is_a_client_error_not_a_retry(worker):
-    """4000 emoji are 4000 characters (under the limit) but ~16,000 prompt tokens: no engine request
-    can hold them and there is no space to cut at."""
+    """A 4000-character word is under the text limit but no engine request can hold it (its audio
+    budget alone is past the cap) and there is no space to cut at."""
+    async with connect(worker.url) as ws:
+        await send(ws, type="start", context_id="e", voice="tara", text="Supercalifragilistic" * 200, options=FAST)
+        await send(ws, type="end", context_id="e")
+        replies, pcm = await collect(ws, "e")
+    assert replies[-1]["type"] == "error" and replies[-1]["code"] == "text_too_long"
+    assert replies[-1]["retryable"] is False and pcm == b""
+
+
+async def test_text_with_nothing_to_read_is_not_spoken(worker):
+    """4000 emoji: the text front end reads nothing in them (issue 36), so no engine request runs
+    and the voice does not babble over an empty prompt; with `normalize` false they are the caller's
+    prompt, ~16,000 tokens no request can hold: a client error, never a retry."""
     async with connect(worker.url) as ws:
         await send(ws, type="start", context_id="e", voice="tara", text="\U0001F600" * 4000, options=FAST)
         await send(ws, type="end", context_id="e")
         replies, pcm = await collect(ws, "e")
+        assert [r["type"] for r in replies] == ["done"] and pcm == b""
+        assert replies[-1]["stats"]["engine_requests"] == 0
+        await send(ws, type="start", context_id="raw", voice="tara", text="\U0001F600" * 4000,
+                   options={**FAST, "normalize": False})
+        await send(ws, type="end", context_id="raw")
+        replies, pcm = await collect(ws, "raw")
     assert replies[-1]["type"] == "error" and replies[-1]["code"] == "text_too_long"
     assert replies[-1]["retryable"] is False and pcm == b""
 
