@@ -199,23 +199,24 @@ _SERVER_TYPES: dict[str, type] = {"opened": Opened, "done": Done, "error": Error
 _V2_ABSENT: Final[Mapping[str, object]] = {"insist": False, "load": None, "limit": None, "traceparent": None}
 # Likewise the trace ids of `done.stats` when there are none (a cancelled context's empty stats).
 _STATS_ABSENT: Final[Mapping[str, object]] = {"trace_id": "", "span_id": ""}
+# Fields nested in a message, left out while they hold these values: `start.options.normalize` unset
+# (older workers refuse an option they do not know), `done.stats`'s trace ids when there are none.
+_NESTED_ABSENT: Final[Mapping[str, Mapping[str, object]]] = {"options": {"normalize": None}, "stats": _STATS_ABSENT}
 
 
 def encode(message: ClientMessage | ServerMessage) -> str:
     """Compact JSON, non-ASCII characters as themselves: the UTF-8 bytes on the link are what a
     sender counted (ASCII escapes would turn 2 bytes of 'é' into 6 and 4 bytes of an emoji into 12).
-    Version-2 fields at their absent value are left out (`_V2_ABSENT`, `_STATS_ABSENT`)."""
+    Version-2 fields at their absent value are left out (`_V2_ABSENT`, `_NESTED_ABSENT`)."""
     payload = asdict(message)
     for name, absent in _V2_ABSENT.items():
         if name in payload and payload[name] is absent:
             del payload[name]
-    options = payload.get("options")
-    if isinstance(options, dict) and options.get("normalize") is None:
-        del options["normalize"]
-    stats = payload.get("stats")
-    for name, absent in _STATS_ABSENT.items() if isinstance(stats, dict) else ():
-        if stats.get(name) == absent:
-            del stats[name]
+    for field_name, absents in _NESTED_ABSENT.items():
+        nested = payload.get(field_name)
+        for name, absent in absents.items() if isinstance(nested, dict) else ():
+            if name in nested and nested[name] == absent:
+                del nested[name]
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
