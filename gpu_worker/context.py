@@ -224,8 +224,9 @@ class Context:
             if left <= 0:
                 raise IdleTimeout(f"no text for {self.limits.idle_timeout_s:.0f} s; the context was closed "
                                   "(send 'end' when a context is complete)")
-            try:
-                return await asyncio.wait_for(self._segments.get(), timeout=left)
+            try:  # asyncio.timeout, not wait_for: 3.11's wait_for drops a cancel that lands with the segment
+                async with asyncio.timeout(left):
+                    return await self._segments.get()
             except TimeoutError:
                 continue  # re-check: text may have arrived (it moves the deadline)
 

@@ -186,7 +186,8 @@ class RelayedContext(Context):
             await _stop(relay)
             if stream.done is None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(asyncio.shield(stream.cancel()), CANCEL_TIMEOUT_S)
+                    async with asyncio.timeout(CANCEL_TIMEOUT_S):
+                        await asyncio.shield(stream.cancel())
 
     async def _feed(self, stream: PoolStream) -> None:
         """Hand each flushed segment to the owner as it comes; the idle timeout applies here too."""
@@ -210,7 +211,8 @@ class RelayedContext(Context):
             return
         await self._asked.wait()
         try:
-            await asyncio.wait_for(self._audio_came.wait(), limit)
+            async with asyncio.timeout(limit):
+                await self._audio_came.wait()
         except TimeoutError:
             raise RelayTimeout(f"the voice's owner (worker {stream.worker_id}) sent no audio within {limit:g} s of "
                                "being asked to speak; retry (another worker may take it)") from None

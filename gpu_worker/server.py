@@ -230,8 +230,8 @@ class WorkerServer:
         if self.deps.metrics is not None:
             self.deps.metrics.rejected.labels("slow_consumer").inc()
         try:
-            await asyncio.wait_for(conn.ws.close(SLOW_CONSUMER_CLOSE, "slow consumer: client stopped reading"),
-                                   timeout=self.settings.close_timeout_s)
+            async with asyncio.timeout(self.settings.close_timeout_s):
+                await conn.ws.close(SLOW_CONSUMER_CLOSE, "slow consumer: client stopped reading")
         except (TimeoutError, ConnectionClosed):
             conn.ws.transport.abort()  # even the close frame cannot be written: drop the TCP connection
 

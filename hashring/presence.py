@@ -96,7 +96,8 @@ class Announcer:
                                 exc, self._interval)
                 self._failing = True
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self._interval)
+                async with asyncio.timeout(self._interval):
+                    await self._stop.wait()
 
 
 async def read_presence(store: RingStore) -> list[Presence]:

@@ -116,7 +116,8 @@ class Child:
                     raise ChildFailed(self.name, f"was not healthy after {self.spec.start_timeout_s:.0f} s",
                                       self.log_tail())
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), 0.5)
+                    async with asyncio.timeout(0.5):
+                        await stopping.wait()
 
     async def stop(self) -> None:
         """SIGTERM the main process (it stops its own children), wait out the grace, then SIGKILL
