@@ -287,8 +287,14 @@ async def test_watch_probes_the_real_worker_twice_and_rates_its_counters(worker,
     try:
         samples = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 60)) for _ in range(2)]
     finally:
-        proc.send_signal(signal.SIGINT)
-        _out, err = await asyncio.wait_for(proc.communicate(), 30)
+        proc.send_signal(signal.SIGINT)  # it ends between samples: within one read's bounded time
+        try:
+            async with asyncio.timeout(30):
+                _out, err = await proc.communicate()
+        except TimeoutError:
+            proc.kill()
+            _out, err = await proc.communicate()
+            pytest.fail(f"voicering status --watch did not end within 30 s of Ctrl-C; its stderr:\n{err.decode()[-3000:]}")
     first, second = (by_id(s["workers"], "id")["worker-a"] for s in samples)
     assert first["state"] == second["state"] == "serving"
     assert first["health"]["status"] == "ok" and first["health"]["worker_id"] == "worker-a"

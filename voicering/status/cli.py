@@ -3,14 +3,17 @@ the run: one sample printed, or `--watch` redrawing every `--interval` seconds u
 
 Exit status: 0 no problems, 1 problems (listed first), 75 Redis unreachable (trying again may
 help), 2 a usage error, 130 Ctrl-C before the first sample. `--watch` exits with the last
-sample's status.
+sample's status: Ctrl-C (or SIGTERM) ends it between samples, never by cancelling one half read
+(a sample's Redis and queue reads run in threads that a cancel would leave racing the close).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import signal
 import time
 from typing import TYPE_CHECKING, Final
 
@@ -115,10 +118,19 @@ async def _run(settings: StatusSettings, *, as_json: bool, watch: bool, interval
             else:
                 console.print(render(report))
             return
-        await _watch(reader, console, as_json=as_json, interval=interval, outcome=outcome)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await _watch(reader, console, as_json=as_json, interval=interval, outcome=outcome, stop=stop)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
 
 
-async def _watch(reader: StatusReader, console: Console, *, as_json: bool, interval: float, outcome: _Outcome) -> None:
+async def _watch(reader: StatusReader, console: Console, *, as_json: bool, interval: float, outcome: _Outcome,
+                 stop: asyncio.Event) -> None:
     from rich.live import Live
     from rich.text import Text
 
@@ -128,7 +140,7 @@ async def _watch(reader: StatusReader, console: Console, *, as_json: bool, inter
     try:
         if live is not None:
             live.start()
-        while True:
+        while not stop.is_set():
             try:
                 report = await reader.read()
             except RingError as exc:  # Redis away: say so and keep trying
@@ -144,7 +156,9 @@ async def _watch(reader: StatusReader, console: Console, *, as_json: bool, inter
                     typer.echo(json.dumps(report_json(report), sort_keys=True))
                 else:
                     live.update(render(report), refresh=True)
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await stop.wait()
     finally:
         if live is not None:
             live.stop()
