@@ -17,6 +17,7 @@ trace and span ids, and its end is logged as one hop line (``hop=owner``: this e
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -27,18 +28,20 @@ from typing import TYPE_CHECKING
 
 from gpu_worker.codec import NOISE_PERIOD_LATENT, LATENT_PER_FRAME, to_pcm16
 from gpu_worker.engine import SamplingOptions, SpeechEngine, Voice
-from gpu_worker.errors import BacklogFull, BadRequest, EmptyText, IdleTimeout, SlowConsumer, TextTooLong, WorkerError
+from gpu_worker.errors import (BacklogFull, BadRequest, EmptyText, IdleTimeout, PronunciationsUnavailable, SlowConsumer,
+                               TextTooLong, WorkerError)
 from gpu_worker.orpheus import SAMPLE_RATE
 from gpu_worker.protocol import MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AudioChunk, Done, Error, Start, ContextStats
 from gpu_worker.scheduler import BatchedDecodeRunner, DecodeRunner
 from gpu_worker.speech import SegmentStats, speak_request
-from gpu_worker.text import normalize
+from gpu_worker.text import Dictionary, apply, normalize
 from gpu_worker.trace_context import Hop, HopKind, TraceContext, current, log_hop
 from gpu_worker.trace_context import parse as parse_traceparent
 
 if TYPE_CHECKING:
     from gpu_worker.adapters import AdapterCache
     from gpu_worker.metrics import WorkerMetrics
+    from gpu_worker.pronunciations import PronunciationCache
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +49,16 @@ Send = Callable[[object], Awaitable[None]]
 END_OF_SEGMENTS = object()  # sentinel: no more segments
 
 
-def spoken(text: str) -> str:
-    """What the voice reads for a segment: the text front end's reading (numbers, money, dates,
-    units, abbreviations; tags kept whole), the one its clone was trained on (lora_training.text uses
-    the same normalizer). Applied where the prompt is built: a relay forwards the caller's text and
-    its owner reads it once (a relay's local fallback runs this same code)."""
-    return normalize(text).text
+def spoken(text: str, dictionary: Dictionary | None = None, *, normalizes: bool = True) -> str:
+    """What the voice reads for a segment: the tenant's pronunciation dictionary first (when the
+    request names one), then the text front end's reading (numbers, money, dates, units,
+    abbreviations; tags kept whole), the one its clone was trained on (lora_training.text uses the
+    same normalizer). ``normalizes=False`` (the caller normalizes itself) applies only the dictionary.
+    Applied where the prompt is built: a relay forwards the caller's text and its owner reads it
+    once (a relay's local fallback runs this same code)."""
+    if not normalizes:
+        return apply(dictionary, text).text if dictionary is not None else text
+    return normalize(text, dictionary=dictionary).text
 
 
 class ContextLog(logging.LoggerAdapter):
@@ -90,6 +97,7 @@ class ContextDeps:
     adapters: AdapterCache | None = None  # resolves voices and loads their adapters
     metrics: WorkerMetrics | None = None
     worker_id: str = ""  # reported as `served_by` in every `done`
+    pronunciations: PronunciationCache | None = None  # tenants' dictionaries from Redis (None: no Redis)
 
 
 class Context:
@@ -127,6 +135,13 @@ class Context:
         )
         self.trim = o.trim_silence if o.trim_silence is not None else deps.trim_factory is not None
         self.normalizes = o.normalize is not False  # the text front end reads it (else: as written)
+        if start.pronunciations:
+            raise BadRequest("'pronunciations' names dictionaries, which only the gateway resolves; "
+                             "a worker takes options.pronunciations (references the gateway makes)")
+        self.pronunciations = o.pronunciations or ()
+        if self.pronunciations and deps.pronunciations is None:
+            raise PronunciationsUnavailable("this worker has no Redis to read pronunciation dictionaries from "
+                                            "(start it with --redis); send the start without them")
         self._buffer: list[str] = []
         self._buffered_chars = 0
         self._segments: asyncio.Queue[object] = asyncio.Queue()
@@ -250,13 +265,19 @@ class Context:
                 self.voice = await self.deps.adapters.acquire(self.voice_id)
                 acquired = True
                 self._last_activity = time.monotonic()  # loading a voice is not idling
+            dictionary = None
+            if self.pronunciations:
+                assert self.deps.pronunciations is not None  # checked at the start
+                dictionary = await self.deps.pronunciations.dictionary(self.pronunciations)
+                self._last_activity = time.monotonic()  # reading dictionaries is not idling
+            reading = (functools.partial(spoken, dictionary=dictionary, normalizes=self.normalizes)
+                       if self.normalizes or dictionary is not None else None)
             segments = 0
             while (item := await self._next_segment()) is not END_OF_SEGMENTS:
                 text, chars = item
                 self._hold(-chars)
                 segments += 1
-                requests = await self.deps.engine.plan(self.voice, text, self.options.max_tokens,
-                                                       reading=spoken if self.normalizes else None)
+                requests = await self.deps.engine.plan(self.voice, text, self.options.max_tokens, reading=reading)
                 for i, request in enumerate(requests):
                     trimmer = self.deps.trim_factory() if (self.trim and self.deps.trim_factory) else None
                     seed = self.options.seed

@@ -9,6 +9,9 @@ replica (or a later try) may succeed.
     │   └── BacklogFull   (backlog_full): more text waiting to be spoken than a context/connection may queue
     ├── IdleTimeout       (idle_timeout, not retryable): a context sent no text for too long
     ├── UnknownVoice      (unknown_voice, not retryable)
+    ├── PronunciationNotFound (pronunciation_not_found, not retryable): a named dictionary is gone
+    ├── PronunciationsUnavailable (pronunciations_unavailable): the worker cannot read dictionaries
+    │                     (no Redis configured: not retryable; Redis unreachable: retryable)
     ├── AdapterError      (bad_adapter, not retryable): the voice's adapter failed validation
     ├── Busy              (busy, retryable): admission limit reached; `limit` says which one
     ├── SlowConsumer      (slow_consumer, not retryable): client stopped reading
@@ -67,6 +70,18 @@ class IdleTimeout(WorkerError):
 
 class UnknownVoice(WorkerError):
     code = "unknown_voice"
+
+
+class PronunciationNotFound(WorkerError):
+    code = "pronunciation_not_found"
+
+
+class PronunciationsUnavailable(WorkerError):
+    code = "pronunciations_unavailable"
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class AdapterError(WorkerError):

@@ -78,6 +78,10 @@ class WorkerMetrics:
                                               buckets=_LOAD_BUCKETS, registry=r)
         self.adapter_errors = Counter(f"{PREFIX}_adapter_errors", "Adapters refused (validation or engine load)", registry=r)
         self.adapters_resident = Gauge(f"{PREFIX}_adapters_resident", "Adapters in the engine's CPU cache", registry=r)
+        self.pronunciation_lookups = Counter(f"{PREFIX}_pronunciation_lookups", "Pronunciation dictionaries asked of the "
+                                             "cache, by result (hit, or miss: read from Redis)", ["result"], registry=r)
+        self.pronunciations_held = Gauge(f"{PREFIX}_pronunciations_held", "Pronunciation dictionaries in the cache",
+                                         registry=r)
 
     def bind(self, *, active_streams: Callable[[], float] | None = None, engine_queue: Callable[[], float] | None = None,
              codec_queue: Callable[[], float] | None = None, adapters_resident: Callable[[], float] | None = None) -> None:

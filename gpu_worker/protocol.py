@@ -8,9 +8,10 @@ the CLI) share it with the server.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Final, Literal
 
 from gpu_worker.errors import BadMessage, BadRequest, BusyLimit
@@ -37,6 +38,24 @@ MAX_MESSAGE_BYTES = 1 << 20
 MAX_TEXT_CHARS = 4096  # buffered before a flush (one segment)
 MAX_CONTEXT_BACKLOG_CHARS = 16384  # buffered + flushed, not yet being spoken
 _SEQ = struct.Struct(">I")
+# Pronunciation dictionaries (gpu_worker.text.dictionary) one context may name: the gateway holds a
+# tenant's `start.pronunciations` (names) to it and resolves them into `options.pronunciations`.
+MAX_PRONUNCIATIONS: Final = 3
+PRONUNCIATIONS_KEY_SUFFIX: Final = ":pronunciations"  # the only Redis keys a reference may name
+_MAX_REF_KEY_BYTES: Final = 256
+_REF_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # gpu_worker.text.dictionary.DICTIONARY_NAME
+_REF_VERSION: Final = re.compile(r"[0-9a-f]{1,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class PronunciationRef:
+    """A tenant's pronunciation dictionary as the gateway resolved it for one context: the Redis hash
+    holding the tenant's dictionaries (named by the gateway's tenant layer, never by a caller), the
+    dictionary's name, and its version then (a hash of its rules: the worker's cache key)."""
+
+    key: str
+    name: str
+    version: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +72,9 @@ class ContextOptions:
     # the text front end (gpu_worker.text): False speaks the text as written, for callers who
     # normalize it themselves; None: normalized (left off the wire, so older workers accept the start)
     normalize: bool | None = None
+    # resolved pronunciation dictionaries, applied in order before normalization (the first named wins
+    # where two rewrite the same word); set by the gateway. None: none (left off the wire)
+    pronunciations: tuple[PronunciationRef, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +87,10 @@ class Start:
     placed: bool = False  # a ring-aware pool chose this worker: it serves the start itself, never relays it
     insist: bool = False  # (v2) the router's last try after refusals: the worker skips its fleet-share rule
     traceparent: str | None = None  # W3C trace context of the caller's span; the worker's span is its child
+    # names of the tenant's pronunciation dictionaries, on the gateway's /v1/tts/stream only: the
+    # gateway resolves them into options.pronunciations, and a worker refuses a start that has names.
+    # None: the voice's default dictionaries; () none at all
+    pronunciations: tuple[str, ...] | None = None
     type: Literal["start"] = "start"
 
 
@@ -196,12 +222,15 @@ _CLIENT_TYPES: dict[str, type] = {"start": Start, "text": PushText, "flush": Flu
 _SERVER_TYPES: dict[str, type] = {"opened": Opened, "done": Done, "error": Error, "rejected": Rejected}
 # Version-2 fields, left out of a message while they hold these values: a version-1 peer gets (and a
 # version-1 worker accepts) exactly the version-1 bytes. An untraced start leaves out `traceparent` too.
-_V2_ABSENT: Final[Mapping[str, object]] = {"insist": False, "load": None, "limit": None, "traceparent": None}
+_V2_ABSENT: Final[Mapping[str, object]] = {"insist": False, "load": None, "limit": None, "traceparent": None,
+                                            "pronunciations": None}
 # Likewise the trace ids of `done.stats` when there are none (a cancelled context's empty stats).
 _STATS_ABSENT: Final[Mapping[str, object]] = {"trace_id": "", "span_id": ""}
-# Fields nested in a message, left out while they hold these values: `start.options.normalize` unset
-# (older workers refuse an option they do not know), `done.stats`'s trace ids when there are none.
-_NESTED_ABSENT: Final[Mapping[str, Mapping[str, object]]] = {"options": {"normalize": None}, "stats": _STATS_ABSENT}
+# Fields nested in a message, left out while they hold these values: `start.options.normalize` and
+# `.pronunciations` unset (older workers refuse an option they do not know), `done.stats`'s trace
+# ids when there are none.
+_NESTED_ABSENT: Final[Mapping[str, Mapping[str, object]]] = {
+    "options": {"normalize": None, "pronunciations": None}, "stats": _STATS_ABSENT}
 
 
 def encode(message: ClientMessage | ServerMessage) -> str:
@@ -294,7 +323,45 @@ def _validate_options(o: ContextOptions) -> ContextOptions:
         raise BadRequest("option 'trim_silence' must be true or false")
     if o.normalize is not None and not isinstance(o.normalize, bool):
         raise BadRequest("option 'normalize' must be true or false")
+    if o.pronunciations is not None:
+        o = replace(o, pronunciations=_refs(o.pronunciations))
     return o
+
+
+def _refs(value: Any) -> tuple[PronunciationRef, ...]:
+    """options.pronunciations as references, each checked (a hostile list is refused, never read far)."""
+    if not isinstance(value, list | tuple) or len(value) > MAX_PRONUNCIATIONS:
+        raise BadRequest(f"option 'pronunciations' must be a list of at most {MAX_PRONUNCIATIONS} references")
+    refs = []
+    for item in value:
+        if isinstance(item, PronunciationRef):
+            item = asdict(item)
+        if not isinstance(item, dict) or set(item) != {"key", "name", "version"}:
+            raise BadRequest("a pronunciation reference is {\"key\", \"name\", \"version\"}")
+        key, name, version = item["key"], item["name"], item["version"]
+        if (not isinstance(key, str) or not _valid_unicode(key) or len(key.encode()) > _MAX_REF_KEY_BYTES
+                or not key.endswith(PRONUNCIATIONS_KEY_SUFFIX)):
+            raise BadRequest(f"a pronunciation reference's key must be a Redis key ending in "
+                             f"'{PRONUNCIATIONS_KEY_SUFFIX}' of at most {_MAX_REF_KEY_BYTES} bytes")
+        if not isinstance(name, str) or not _REF_NAME.fullmatch(name):
+            raise BadRequest(f"pronunciation dictionary name {_shown(name)} is not a dictionary name")
+        if not isinstance(version, str) or not _REF_VERSION.fullmatch(version):
+            raise BadRequest(f"pronunciation dictionary version {_shown(version)} is not a version")
+        refs.append(PronunciationRef(key, name, version))
+    return tuple(refs)
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """start.pronunciations as dictionary names (the gateway's websocket), each checked."""
+    if not isinstance(value, list | tuple) or len(value) > MAX_PRONUNCIATIONS:
+        raise BadRequest(f"'pronunciations' must be a list of at most {MAX_PRONUNCIATIONS} dictionary names")
+    for name in value:
+        if not isinstance(name, str) or not _REF_NAME.fullmatch(name):
+            raise BadRequest(f"'pronunciations' holds {_shown(name)}: a dictionary name is 1-64 letters, digits, "
+                             "'_', '.', '-'")
+    if len(set(value)) != len(value):
+        raise BadRequest("'pronunciations' names a dictionary twice")
+    return tuple(value)
 
 
 def parse_client(raw: str | bytes) -> ClientMessage:
@@ -352,6 +419,8 @@ def _parse_payload(payload: dict[str, Any], kind: str | None, context_id: str | 
         if not isinstance(options, dict):
             raise BadRequest("'options' must be an object")
         payload["options"] = _validate_options(_build(ContextOptions, options))
+        if "pronunciations" in payload:
+            payload["pronunciations"] = _names(payload["pronunciations"])
     if "text" in payload:
         text = payload["text"]
         if not isinstance(text, str):

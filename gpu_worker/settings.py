@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from gpu_worker.adapters.cache import DEFAULT_RECONCILE_S
 from gpu_worker.adapters.store import DEFAULT_CACHE_MAX_BYTES, DEFAULT_REVALIDATE_S
 from gpu_worker.engine import EngineSettings, SamplingOptions
+from gpu_worker.pronunciations import DEFAULT_CAPACITY as DEFAULT_PRONUNCIATION_CACHE
 from gpu_worker.protocol import MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS
 from hashring.settings import RingSettings
 
@@ -95,6 +96,9 @@ class WorkerSettings(BaseSettings):
     trim_max_drop_ms: float = Field(1500.0, ge=0, description="most head silence the gate may drop per segment")
     # hash ring membership: register and heartbeat when a Redis URL is given
     redis_url: str | None = Field(None, description="join the voicering hash ring in this Redis")
+    pronunciation_cache_size: int = Field(DEFAULT_PRONUNCIATION_CACHE, ge=1, description="tenants' pronunciation "
+                                          "dictionaries held (read from redis_url by version; least recently used "
+                                          "dropped first)")
     advertise_url: str | None = Field(None, description="websocket URL clients use (default ws://host:port)")
     internal_url: str | None = Field(None, description="websocket URL other workers' proxies dial (default: advertise_url)")
     ring_prefix: str = Field(RingSettings().prefix, description="Redis key prefix of the ring (every process of a fleet agrees)")

@@ -19,6 +19,7 @@ from gpu_worker.orpheus import SAMPLE_RATE
 from gpu_worker.metrics import WorkerMetrics, use_json_logs
 from gpu_worker.open_cluster import is_loopback, require_cluster_token
 from gpu_worker.open_files import raise_open_file_limit
+from gpu_worker.pronunciations import PronunciationCache
 from gpu_worker.reaper import Reaper
 from gpu_worker.scheduler import MAX_BATCH, TICK_S, make_decode_runner
 from gpu_worker.server import WorkerServer
@@ -68,6 +69,20 @@ def adapter_store(settings: WorkerSettings) -> AdapterStore:
                         cache_max_bytes=settings.adapter_cache_max_bytes)
 
 
+def pronunciation_cache(settings: WorkerSettings, metrics: WorkerMetrics | None = None) -> PronunciationCache | None:
+    """Tenants' pronunciation dictionaries, read from the fleet's Redis (None without one: a start
+    naming dictionaries is then refused with `pronunciations_unavailable`)."""
+    if not settings.redis_url:
+        return None
+    from hashring.redis_client import async_client
+    from hashring.settings import RingSettings
+
+    timeout = RingSettings.from_env(redis_url=settings.redis_url, prefix=settings.ring_prefix).redis_timeout_s
+    redis = async_client(settings.redis_url, decode_responses=True, socket_timeout=timeout,
+                         socket_connect_timeout=timeout)
+    return PronunciationCache(redis, settings.pronunciation_cache_size, metrics)
+
+
 async def run_worker(settings: WorkerSettings, ready: asyncio.Event | None = None) -> None:
     reaper = Reaper.start()  # first, before the engine: its processes end with this one, however it ends
     try:
@@ -102,8 +117,10 @@ async def _serve(settings: WorkerSettings, ready: asyncio.Event | None) -> None:
                             listing=engine.loaded_adapters, reconcile_s=settings.adapter_reconcile_s)
     metrics.bind(engine_queue=lambda: engine.waiting, codec_queue=lambda: runner.pending,
                  adapters_resident=lambda: len(adapters.resident))
+    pronunciations = pronunciation_cache(settings, metrics)
     deps = ContextDeps(engine, runner, sampling_defaults(settings), context_limits(settings),
-                       trim_factory=trim_factory(settings), adapters=adapters, metrics=metrics, worker_id=settings.worker_id)
+                       trim_factory=trim_factory(settings), adapters=adapters, metrics=metrics, worker_id=settings.worker_id,
+                       pronunciations=pronunciations)
     server = WorkerServer(settings, deps)
     if settings.prewarm_voices:
         report = await adapters.prewarm(settings.prewarm_voices)
@@ -143,6 +160,8 @@ async def _serve(settings: WorkerSettings, ready: asyncio.Event | None) -> None:
         await ws_server.wait_closed()
         await server.aclose()
         await runner.aclose()
+        if pronunciations is not None:
+            await _step("closing the pronunciation cache", pronunciations.aclose())
         await engine.aclose()
     if dead:
         raise EngineError("the vLLM engine core died while serving (its log is above): this worker left the ring "

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from gateway.quotas import Quotas
 from gateway.settings import GatewaySettings
-from gateway.tenants import DEFAULT_PREFIX, Tenants, TenantError
+from gateway.tenants import DEFAULT_PREFIX, KeyLayout, Tenants, TenantError
 from hashring.embedded import EmbeddedRedis
 from hashring.errors import RingError
 from hashring.placement import HeatRecorder, ReplicaControl
@@ -96,6 +96,13 @@ async def test_a_worker_runs_the_ring_and_touches_nothing_else(acl_redis):
         await Tenants(client).create("acme")
     with pytest.raises(redis.exceptions.NoPermissionError):
         await client.hset(f"{DEFAULT_PREFIX}:apikeys", "digest", "t_acme")
+    # pronunciation dictionaries: the worker reads a tenant's hash by reference, and no other tenant key
+    layout = KeyLayout(DEFAULT_PREFIX)
+    assert await client.hget(layout.pronunciations("t_abcdefghij"), "names") is None
+    for other in (layout.pronunciation_index("t_abcdefghij"), layout.voices("t_abcdefghij"),
+                  layout.tenant("t_abcdefghij"), layout.tenant_keys("t_abcdefghij")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await client.hget(other, "x")
     with pytest.raises(redis.exceptions.NoPermissionError):
         await client.xadd(f"{Prefixes().train}:jobs", {"job": "x"})
     with pytest.raises(redis.exceptions.NoPermissionError):

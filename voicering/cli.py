@@ -33,7 +33,7 @@ def _wire() -> None:
     from gateway.serve import command as gateway_command
     from voicering.stack.cli import register as register_stack
     from gpu_worker.cli import register as register_worker
-    from gpu_worker.text.cli import command as normalize_command
+    from voicering.normalize import command as normalize_command
     from hashring.cli import app as ring_app
     from lora_training.cli import register as register_training
     from silence_trim.cli import app as trim_app

@@ -4,7 +4,11 @@ Whoever can write to the fleet's Redis controls the fleet: a tenant's key digest
 drain, a training job naming another tenant's voice. So no component gets more of Redis than its
 own keys, and the default user is off:
 
-    worker, agent   the ring's keys and events (membership, heartbeats, placement, presence)
+    worker          the ring's keys and events (membership, heartbeats, placement, presence), and each
+                    tenant's pronunciation dictionaries hash (`{tenants}:t:*:pronunciations`, which it
+                    reads by the references the gateway sends; no other tenant key: not the key
+                    digests, limits, voices, nor the dictionaries' index)
+    agent           the ring's keys and events
     trainer         the training queue's keys
     gateway         all three prefixes (tenants, the queue it submits to, the ring it routes by)
     operator        everything (`redis-cli`, `voicering ring|tenant|status`)
@@ -27,7 +31,8 @@ from typing import Final
 
 import typer
 
-__all__ = ["MIN_PASSWORD_CHARS", "USERS", "AclUser", "Prefixes", "acl_file", "acl_users", "command", "password_env"]
+__all__ = ["MIN_PASSWORD_CHARS", "USERS", "AclUser", "Prefixes", "acl_file", "acl_users", "command", "password_env",
+           "pronunciations_pattern"]
 
 MIN_PASSWORD_CHARS: Final = 16
 COMPONENT_COMMANDS: Final = "+@all -@dangerous"
@@ -58,11 +63,18 @@ def password_env(user: str) -> str:
     return f"VOICERING_REDIS_PASSWORD_{user.upper()}"
 
 
+def pronunciations_pattern(prefixes: Prefixes = Prefixes()) -> str:
+    """The tenants' pronunciation dictionaries hashes (gateway.tenants.keys.KeyLayout.pronunciations)."""
+    return f"{prefixes.tenants}:t:*:pronunciations"
+
+
 def acl_users(prefixes: Prefixes = Prefixes()) -> tuple[AclUser, ...]:
     ring = (f"{prefixes.ring}:*",)
     return (
         AclUser("gateway", (f"{prefixes.tenants}:*", f"{prefixes.train}:*", *ring), ring, COMPONENT_COMMANDS),
-        AclUser("worker", ring, ring, COMPONENT_COMMANDS),
+        # Redis 6.2 (the bundled server) has no read-only key patterns (7.0's %R~): the worker may also
+        # write these hashes; what it could spoil is a tenant's readings, never its keys or limits
+        AclUser("worker", (*ring, pronunciations_pattern(prefixes)), ring, COMPONENT_COMMANDS),
         AclUser("agent", ring, ring, COMPONENT_COMMANDS),
         AclUser("trainer", (f"{prefixes.train}:*",), (), COMPONENT_COMMANDS),
         AclUser("operator", ("*",), ("*",), "+@all"),

@@ -24,7 +24,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.routing import Match
 
-from gateway.api import errors, speech, stream, voices
+from gateway.api import errors, pronunciations, speech, stream, voices
 from gateway.api.auth import caller, gateway_of
 from gateway.api.edge import RequestEdge
 from gateway.api.state import Gateway, open_gateway
@@ -68,6 +68,7 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
     app.include_router(speech.router)
     app.include_router(stream.router)
     app.include_router(voices.router)
+    app.include_router(pronunciations.router)
 
     def count(scope, status: int) -> None:
         request = Request(scope)

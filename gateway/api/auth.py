@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from fastapi import Request
 
@@ -18,9 +18,10 @@ from gateway.api.errors import from_tenant_error
 from gateway.api.state import Gateway
 from gateway.quotas import StreamSlot
 from gateway.tenants import Tenant, TenantError, Unavailable
+from gpu_worker.protocol import PronunciationRef
 
 __all__ = ["authenticate", "bearer_key", "caller", "count_request", "gateway_of", "identify", "resolve_and_admit",
-           "take_stream_slot"]
+           "resolve_speech", "take_stream_slot"]
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +108,35 @@ async def _free_taken(admit: asyncio.Task[StreamSlot | None]) -> None:
     await asyncio.wait([admit])
     if not admit.cancelled() and admit.exception() is None and (slot := admit.result()) is not None:
         await slot.__aexit__(None, None, None)
+
+
+async def resolve_speech(gateway: Gateway, tenant: Tenant, name: str, pronunciations: Sequence[str] | None
+                         ) -> tuple[str, StreamSlot | None, tuple[PronunciationRef, ...]]:
+    """`resolve_and_admit`, and the references the worker reads the request's dictionaries by
+    (`pronunciations`; None: the voice's default ones), looked up beside it, not after it. ApiError
+    404 for a name the tenant does not have (another tenant's is as absent as one nobody has), 400
+    for a bad list, 503 while Redis is away (a dictionary is never skipped silently); a slot taken
+    meanwhile is freed."""
+    lookup = asyncio.create_task(_pronunciations(gateway, tenant, name, pronunciations), name=f"pronunciations:{tenant.id}")
+    try:
+        voice_id, slot = await resolve_and_admit(gateway, tenant, name)
+    except BaseException:
+        lookup.cancel()
+        await asyncio.wait([lookup])
+        raise
+    try:
+        return voice_id, slot, await lookup
+    except BaseException:
+        if slot is not None:
+            await asyncio.shield(slot.__aexit__(None, None, None))
+        raise
+
+
+async def _pronunciations(gateway: Gateway, tenant: Tenant, voice: str,
+                          names: Sequence[str] | None) -> tuple[PronunciationRef, ...]:
+    if names is not None and len(names) == 0:
+        return ()  # the request asked for none: not even the voice's default (no Redis call)
+    try:
+        return await gateway.pronunciations.resolve_for(tenant, voice, names)
+    except TenantError as exc:
+        raise from_tenant_error(exc, param="pronunciations") from None

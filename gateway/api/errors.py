@@ -4,12 +4,14 @@ class they already handle (BadRequestError, AuthenticationError, NotFoundError, 
 
 Errors of the layers below are mapped here, once, at the HTTP boundary:
 
-    TenantError (gateway.tenants)      Unauthorized 401, VoiceNotFound 404, QuotaExceeded 429,
+    TenantError (gateway.tenants)      Unauthorized 401, VoiceNotFound and PronunciationNotFound 404,
+                                       PronunciationExists and PronunciationInUse 409, QuotaExceeded 429,
                                        Unavailable 503 (Redis unreachable or refusing for now),
                                        Busy 503 gateway_busy (this process's Redis pool stayed full),
                                        StoreError 500 (never Redis's own text), anything else of
                                        the caller's 400
     WorkerRequestError (gpu_worker)    the worker's code: busy/no_worker 503, unknown_voice 404,
+                                       pronunciation_not_found 404 (deleted meanwhile),
                                        caller mistakes 400, worker_lost 502, the rest 500
                                        VoiceExists, VoiceNotReady 409
     RequestValidationError (FastAPI)   400 invalid_request_error, `param` names the field
@@ -29,6 +31,9 @@ from starlette.exceptions import HTTPException
 from gateway.catalog import VoiceNotReady
 from gateway.tenants import (
     Busy,
+    PronunciationExists,
+    PronunciationInUse,
+    PronunciationNotFound,
     QuotaExceeded,
     StoreError,
     TenantError,
@@ -86,6 +91,13 @@ def from_tenant_error(exc: TenantError, *, param: str | None = None) -> ApiError
         return ApiError(401, exc.message, type="authentication_error", code="invalid_api_key")
     if isinstance(exc, VoiceNotFound):
         return ApiError(404, exc.message, type="not_found_error", param=param or "voice", code="voice_not_found")
+    if isinstance(exc, PronunciationNotFound):
+        return ApiError(404, exc.message, type="not_found_error", param=param or "name",
+                        code="pronunciation_not_found")
+    if isinstance(exc, PronunciationExists):
+        return ApiError(409, exc.message, param=param or "name", code="pronunciation_exists")
+    if isinstance(exc, PronunciationInUse):
+        return ApiError(409, exc.message, param=param or "name", code="pronunciation_in_use")
     if isinstance(exc, QuotaExceeded):
         return ApiError(429, exc.message, type="rate_limit_error", code=f"{exc.limit}_limit_exceeded",
                         retry_after_s=exc.retry_after_s, retryable=exc.retryable)
@@ -119,6 +131,8 @@ def from_worker_error(exc: WorkerRequestError) -> ApiError:
                         code="no_worker_available")
     if error.code == "unknown_voice":
         return ApiError(404, error.message, type="not_found_error", param="voice", code="voice_not_found")
+    if error.code == "pronunciation_not_found":
+        return ApiError(404, error.message, type="not_found_error", param="pronunciations", code=error.code)
     if error.code in _CALLER_CODES:
         return ApiError(400, error.message, param="input", code=error.code)
     if error.code == "worker_lost":

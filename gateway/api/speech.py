@@ -16,9 +16,11 @@ no such count), and characters are not tokens.
 
 Orpheus has no instruction conditioning: `instructions` is
 accepted (so clients that send it work) and not applied; emotion tags in `input` (`<laugh>`,
-`<sigh>`...) are how a voice is steered. voicering adds two fields of its own: `seed` (the
-same seed gives the same audio) and `max_tokens` (a cap on generated audio tokens, 7 per 85 ms
-frame), both passed to the worker.
+`<sigh>`...) are how a voice is steered. voicering adds fields of its own: `seed` (the
+same seed gives the same audio), `max_tokens` (a cap on generated audio tokens, 7 per 85 ms
+frame), `normalize` (false: the text is read as written) and `pronunciations` (up to 3 of the
+tenant's pronunciation dictionaries by name, resolved here to the references the worker reads
+them by: 404 `pronunciation_not_found` for a name the tenant does not have).
 
 A failure after the first audio cannot change the status any more, so it is made impossible to
 miss instead: SSE ends with an `error` event (OpenAI's error object) and no `speech.audio.done`;
@@ -52,7 +54,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gateway.api.auth import caller, gateway_of, resolve_and_admit
+from gateway.api.auth import caller, gateway_of, resolve_speech
 from gateway.api.cuts import Cut, mark_cut
 from gateway.api.edge import read_body, received_at
 from gateway.api.encode import MEDIA_TYPES, ResponseFormat, open_encoder
@@ -62,7 +64,7 @@ from gateway.api.state import Gateway
 from gateway.settings import GatewaySettings
 from gateway.tenants import Tenant, TenantError
 from gpu_worker.client import PoolStream, WorkerRequestError
-from gpu_worker.protocol import ContextOptions
+from gpu_worker.protocol import MAX_PRONUNCIATIONS, ContextOptions
 from gpu_worker.trace_context import Hop, TraceContext, current, log_hop, parse
 
 TRACE_HEADER = "traceparent"
@@ -104,6 +106,8 @@ class SpeechRequest(BaseModel):
     seed: int | None = Field(None, ge=0, lt=2**32)  # voicering: reproducible audio
     max_tokens: int | None = Field(None, ge=7, le=8192)  # voicering: cap on generated audio tokens
     normalize: bool = True  # voicering: false speaks `input` as written (numbers, dates... not read out by us)
+    # voicering: the tenant's pronunciation dictionaries to apply, by name, before normalization
+    pronunciations: list[str] | None = Field(None, max_length=MAX_PRONUNCIATIONS)
 
     @field_validator("input")
     @classmethod
@@ -163,13 +167,14 @@ async def create_speech(request: Request, tenant: Annotated[Tenant, Depends(call
                        type="not_found_error", param="model", code="model_not_found")
     trace = request_trace(request.headers.getlist(TRACE_HEADER))
     current.set(trace)  # this request's task: its log records carry the trace id
-    voice_id, slot = await resolve_and_admit(gateway, tenant, body.voice_name)
+    voice_id, slot, refs = await resolve_speech(gateway, tenant, body.voice_name, body.pronunciations)
     run = _Run(gateway, tenant, slot, trace, voice_id, received)
     admitted = time.perf_counter()
     try:
         stream = await gateway.pool.start(voice_id, body.input, traceparent=trace.traceparent,
                                           options=ContextOptions(seed=body.seed, max_tokens=body.max_tokens,
-                                                                 normalize=None if body.normalize else False))
+                                                                 normalize=None if body.normalize else False,
+                                                                 pronunciations=refs or None))
         run.stream = stream
         await stream.end()
         audio = stream.audio()

@@ -2,7 +2,8 @@
 
 - Redis (the tenant layer's async client; an embedded server when no URL is configured), it and
   the ring store's client sized by `settings.redis_pool_size()`,
-- the tenant layer: `Tenants` (keys, voices), `Quotas`, `Meter`, and the `Catalog` of voice names,
+- the tenant layer: `Tenants` (keys, voices), `Quotas`, `Meter`, the `Catalog` of voice names and
+  the tenants' `Pronunciations` dictionaries,
 - the worker pool (`gpu_worker.client`): routed by the ring in Redis (`RingWatcher`), or over a
   fixed list of worker URLs, dialing with the cluster token,
 - the training queue (lora_training's `JobQueue`, a sync client: called off the event loop),
@@ -29,6 +30,7 @@ from gateway.cloning.decoding import DecodePool
 from gateway.quotas import Quotas
 from gateway.settings import GatewaySettings
 from gateway.tenants import Tenants, connect_redis
+from gateway.tenants.pronunciations import Pronunciations
 from gateway.usage import Meter
 from gpu_worker.client import PoolSettings, WorkerPool, ring_pool
 from hashring.membership import RingWatcher
@@ -54,6 +56,7 @@ class Gateway:
     jobs: JobQueue
     metrics: GatewayMetrics
     decodes: DecodePool
+    pronunciations: Pronunciations
     streams: StreamDrain = field(default_factory=StreamDrain)  # open /v1/tts/stream sockets; drained at SIGTERM
     cuts: CutReport = field(default_factory=CutReport)  # speech responses cut after their first audio
 
@@ -96,6 +99,6 @@ async def open_gateway(settings: GatewaySettings) -> AsyncIterator[Gateway]:
         decodes = DecodePool(settings.max_concurrent_decodes, settings.max_decodes_per_tenant)
         stack.callback(decodes.close)
         gateway = Gateway(settings, redis_url, tenants, quotas, meter, catalog, pool, watcher, jobs, GatewayMetrics(),
-                          decodes)
+                          decodes, Pronunciations(redis, settings.tenant_prefix))
         stack.callback(gateway.cuts.flush)  # a burst cut just before the stop is still said
         yield gateway

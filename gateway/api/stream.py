@@ -5,6 +5,8 @@ The messages are the worker's own (docs/protocol.md): `start` (with the tenant's
 `text`, `flush`, `end`, `cancel`; binary audio frames tagged with the caller's context id; `done`,
 `error`, `rejected`. The gateway adds what only it knows: the API key (`Authorization: Bearer`
 on the handshake; a bad key is refused with HTTP 401 before the upgrade), tenant voice names,
+the tenant's pronunciation dictionaries (a `start`'s `pronunciations` names, resolved to the
+references the worker reads them by; `options.pronunciations` from a caller is refused),
 one of the tenant's stream slots per open context (`error` code `streams_limit_exceeded` when the
 tenant is at its limit), routing through the pool (another worker takes the context until its
 first audio), usage metering (a context is metered once a worker opened it; one refused before
@@ -54,11 +56,11 @@ import contextlib
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from gateway.api.auth import authenticate, bearer_key, count_request, gateway_of, identify, resolve_and_admit
+from gateway.api.auth import authenticate, bearer_key, count_request, gateway_of, identify, resolve_speech
 from gateway.api.drain import GOING_AWAY
 from gateway.api.errors import ApiError
 from gateway.api.state import Gateway
@@ -262,6 +264,11 @@ class _Session:
                                               "with less and send the rest as 'text' messages with flushes", False,
                                               message.context_id)))
                 return
+            if message.options.pronunciations is not None:  # references are the gateway's to make: never a caller's
+                await self._send(encode(Error("bad_request", "'options.pronunciations' is not for callers: name your "
+                                              "pronunciation dictionaries in the start's 'pronunciations' "
+                                              '(["medical", ...])', False, message.context_id)))
+                return
             caller = parse(message.traceparent) if message.traceparent else None  # parse_client checked it
             ctx = self.contexts[message.context_id] = _Slot(message.context_id, began=arrived)
             if caller is not None:
@@ -304,10 +311,11 @@ class _Session:
         try:
             try:
                 await count_request(gateway, tenant)
-                voice_id, ctx.slot = await resolve_and_admit(gateway, tenant, start.voice)
+                voice_id, ctx.slot, refs = await resolve_speech(gateway, tenant, start.voice, start.pronunciations)
                 ctx.voice = voice_id
                 ctx.admitted_at = time.perf_counter()
-                ctx.stream = await gateway.pool.start(voice_id, start.text, options=start.options,
+                options = replace(start.options, pronunciations=refs) if refs else start.options
+                ctx.stream = await gateway.pool.start(voice_id, start.text, options=options,
                                                       traceparent=ctx.trace.traceparent)
             except ApiError as exc:
                 await self._error(ctx, exc.code or "error", exc.message, exc.retry_after_s is not None)

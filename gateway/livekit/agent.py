@@ -33,6 +33,7 @@ from livekit.agents.voice.room_io import RoomOptions, TextInputEvent, TextInputO
 
 from gateway.livekit.metrics import AgentMetrics
 from gateway.livekit.settings import AgentSettings
+from gateway.livekit.transcript import TaggedSpeechAgent
 from gateway.livekit.tts import TTS
 from gpu_worker.open_cluster import require_cluster_token
 from gpu_worker.open_files import raise_open_file_limit
@@ -115,7 +116,7 @@ class VoiceAgent:
         return AgentSession(tts=voice, llm=s.llm or NOT_GIVEN, vad=None, turn_handling={"turn_detection": "manual"})
 
     def agent(self) -> Agent:
-        return Agent(instructions=self.settings.instructions)
+        return TaggedSpeechAgent(instructions=self.settings.instructions)  # captions without the voice's tags
 
     def room_options(self) -> RoomOptions:
         s = self.settings

@@ -6,6 +6,8 @@
     keys.py         KeyLayout: every Redis key of tenants, quotas and usage, under one prefix
     scripts.py      the registry's multi-key changes, each one atomic Lua script
     registry.py     Tenants: create, look up, revoke, limits, keys, authenticate, tenant voices
+    pronunciations.py  Pronunciations: the tenant's pronunciation dictionaries (bounded, versioned), and the
+                    references workers read them by
     auth_cache.py   keys verified lately, served only while Redis cannot be asked
 
     TenantError           every error of the tenant layer; `.retryable` says whether trying again can help
@@ -23,6 +25,10 @@
     ├── InvalidPolicy     a policy value outside its choices (consent, report gate, retention days)
     ├── VoiceNotFound     no such voice *of this tenant*: another tenant's voice is simply absent
     ├── VoiceExists       a voice name the tenant already uses
+    ├── PronunciationNotFound  no such pronunciation dictionary *of this tenant*
+    ├── PronunciationExists    a dictionary name the tenant already uses
+    ├── PronunciationInUse     a dictionary a voice has as its default (not deleted)
+    ├── InvalidPronunciation   a dictionary (name, rules, size) or a request's list of them out of bounds
     └── QuotaExceeded     a limit is reached; `.limit` names it, `.retry_after_s` says when to retry
 
 An API key is `vr_` + 32 random bytes (urlsafe base64). Redis holds only sha256(key), mapped to the
@@ -40,6 +46,10 @@ from gateway.tenants.errors import (
     InvalidLimits,
     InvalidName,
     InvalidPolicy,
+    InvalidPronunciation,
+    PronunciationExists,
+    PronunciationInUse,
+    PronunciationNotFound,
     QuotaExceeded,
     QuotaName,
     StoreError,
@@ -82,7 +92,11 @@ __all__ = [
     "InvalidLimits",
     "InvalidName",
     "InvalidPolicy",
+    "InvalidPronunciation",
     "KeyLayout",
+    "PronunciationExists",
+    "PronunciationInUse",
+    "PronunciationNotFound",
     "QuotaExceeded",
     "QuotaName",
     "ReportGate",

@@ -24,14 +24,15 @@ from typing import Final, Literal
 import redis.exceptions
 
 __all__ = [
-    "Busy", "InvalidLimits", "InvalidName", "InvalidPolicy", "QuotaExceeded", "QuotaName", "StoreError", "TenantError",
+    "Busy", "InvalidLimits", "InvalidName", "InvalidPolicy", "InvalidPronunciation", "PronunciationExists",
+    "PronunciationInUse", "PronunciationNotFound", "QuotaExceeded", "QuotaName", "StoreError", "TenantError",
     "TenantExists", "TenantNotFound", "TenantRevoked", "Unauthorized", "Unavailable", "VoiceExists", "VoiceNotFound",
     "redis_errors",
 ]
 
 log = logging.getLogger(__name__)
 
-QuotaName = Literal["streams", "requests", "voices", "training_jobs"]
+QuotaName = Literal["streams", "requests", "voices", "training_jobs", "pronunciations"]
 
 # Error codes of replies that mean "Redis cannot take this command now; it will again".
 REDIS_REFUSALS: Final = frozenset({"OOM", "MASTERDOWN", "READONLY", "LOADING", "BUSY", "NOREPLICAS", "TRYAGAIN",
@@ -111,6 +112,27 @@ class VoiceNotFound(TenantError):
 
 class VoiceExists(TenantError):
     """The tenant already has a voice of that name."""
+
+
+class PronunciationNotFound(TenantError):
+    """The tenant has no pronunciation dictionary of that name (the same error whoever else has one)."""
+
+
+class PronunciationExists(TenantError):
+    """The tenant already has a pronunciation dictionary of that name."""
+
+
+class PronunciationInUse(TenantError):
+    """A voice has the dictionary as its default: it cannot be deleted until that voice is set without it."""
+
+
+class InvalidPronunciation(TenantError):
+    """A pronunciation dictionary (name, rules, size) or a request's list of them outside its bounds;
+    `param` names the field."""
+
+    def __init__(self, message: str, *, param: str = "rules") -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class QuotaExceeded(TenantError):

@@ -27,6 +27,15 @@ class KeyLayout:
     def voices(self, tenant_id: str) -> str:  # HASH voice name -> TenantVoice as JSON
         return f"{self.tenant_base}{tenant_id}:voices"
 
+    def pronunciations(self, tenant_id: str) -> str:  # HASH name -> {"name", "version", "rules"} (workers read it)
+        return f"{self.tenant_base}{tenant_id}:pronunciations"
+
+    def pronunciation_index(self, tenant_id: str) -> str:  # HASH name -> {"name", "version", "rules": count, ...}
+        return f"{self.tenant_base}{tenant_id}:pronunciation_index"
+
+    def voice_pronunciations(self, tenant_id: str) -> str:  # HASH voice name -> JSON list of dictionary names
+        return f"{self.tenant_base}{tenant_id}:voice_pronunciations"
+
     def streams(self, tenant_id: str) -> str:  # ZSET slot token -> lease expiry (Redis clock)
         return f"{self.tenant_base}{tenant_id}:streams"
 

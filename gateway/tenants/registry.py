@@ -258,7 +258,8 @@ class Tenants:
     async def delete_voice(self, tenant: Tenant, name: str) -> TenantVoice:
         """Forget the tenant's voice `name`; returns it (its adapter is the caller's to remove)."""
         with redis_errors():
-            raw = await self._delete_voice(keys=[self.keys.voices(tenant.id)], args=[name])
+            raw = await self._delete_voice(keys=[self.keys.voices(tenant.id), self.keys.voice_pronunciations(tenant.id)],
+                                           args=[name])
         if not raw:
             raise _voice_not_found(name)
         return voice_from(raw)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["CREATE", "DELETE_VOICE", "LOOKUP", "NEW_KEY", "REGISTER_VOICE", "REVOKE", "SET_FIELDS", "UPDATE_VOICE"]
+__all__ = ["CREATE", "CREATE_PRONUNCIATION", "DELETE_PRONUNCIATION", "DELETE_VOICE", "LOOKUP", "NEW_KEY",
+           "REGISTER_VOICE", "REPLACE_PRONUNCIATION", "REVOKE", "SET_FIELDS", "SET_VOICE_PRONUNCIATIONS",
+           "UPDATE_VOICE", "VOICE_PRONUNCIATIONS"]
 
 # KEYS: names, tenant, api_keys, tenant_keys. ARGV: name, id, digest, then the tenant's field/value pairs.
 CREATE: Final = """
@@ -63,9 +65,71 @@ raw = cjson.encode(record)
 redis.call('HSET', KEYS[1], ARGV[1], raw)
 return raw
 """
-# KEYS: voices. ARGV: name. Returns the removed record JSON, or false.
+# KEYS: voices, voice_pronunciations. ARGV: name. Returns the removed record JSON, or false. The
+# voice's default dictionaries go with it (a new voice of the same name starts without).
 DELETE_VOICE: Final = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if raw then redis.call('HDEL', KEYS[1], ARGV[1]) end
+if raw then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
 return raw
+"""
+# KEYS: pronunciations, pronunciation_index. ARGV: name, record JSON, index JSON, the most a tenant may hold.
+# Check and insert in one step: no race past the limit, and never a record without its index entry.
+CREATE_PRONUNCIATION: Final = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 'exists' end
+if redis.call('HLEN', KEYS[2]) >= tonumber(ARGV[4]) then return 'full' end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+return 'ok'
+"""
+# KEYS: pronunciations, pronunciation_index. ARGV: name, record JSON, index JSON (its created_at is the
+# old entry's). Returns the new index JSON, or false when there is no such dictionary.
+REPLACE_PRONUNCIATION: Final = """
+local old = redis.call('HGET', KEYS[2], ARGV[1])
+if not old then return false end
+local entry = cjson.decode(ARGV[3])
+entry['created_at'] = cjson.decode(old)['created_at']
+local raw = cjson.encode(entry)
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], raw)
+return raw
+"""
+# KEYS: pronunciations, pronunciation_index, voice_pronunciations. ARGV: name. Returns the removed
+# index JSON, false when there is no such dictionary, or {'in_use', voice} when a voice has it as a
+# default (a default never names a missing dictionary: detach it first).
+DELETE_PRONUNCIATION: Final = """
+local old = redis.call('HGET', KEYS[2], ARGV[1])
+if not old then return false end
+local defaults = redis.call('HGETALL', KEYS[3])
+for i = 1, #defaults, 2 do
+  for _, name in ipairs(cjson.decode(defaults[i + 1])) do
+    if name == ARGV[1] then return {'in_use', defaults[i]} end
+  end
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return old
+"""
+# KEYS: pronunciation_index, voice_pronunciations. ARGV: voice name, names JSON, then the names (none:
+# the voice has no default). Returns 'ok', or the first name the tenant has no dictionary of.
+SET_VOICE_PRONUNCIATIONS: Final = """
+for i = 3, #ARGV do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then return {'missing', ARGV[i]} end
+end
+if #ARGV == 2 then redis.call('HDEL', KEYS[2], ARGV[1]) else redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
+return 'ok'
+"""
+# KEYS: pronunciation_index, voice_pronunciations. ARGV: voice name. The voice's default names, each
+# followed by its index entry (false: deleted meanwhile), in one round trip: {} when it has none.
+VOICE_PRONUNCIATIONS: Final = """
+local raw = redis.call('HGET', KEYS[2], ARGV[1])
+if not raw then return {} end
+local out = {}
+for _, name in ipairs(cjson.decode(raw)) do
+  out[#out + 1] = name
+  out[#out + 1] = redis.call('HGET', KEYS[1], name)
+end
+return out
 """

@@ -10,26 +10,36 @@ form wins, then the earliest rule. Tags (`<laugh>`) are never rewritten.
 reports, for every spoken word, the written span it came from (a replaced phrase: the whole
 phrase). Validation bounds a dictionary (`MAX_RULES`, `MAX_WRITTEN_CHARS`, `MAX_SPOKEN_CHARS`)
 so a tenant's dictionary cannot make the hot path slow or the prompt unbounded.
+
+The stored form (`to_json`, `from_json`) is what the gateway keeps in Redis per tenant and the
+workers read back; `version` is a hash of the rules, so it changes whenever they do and a cache
+keyed by it never serves a stale rule. `merge` joins the dictionaries one request names (the
+first named wins where two give the same written form), within the same `MAX_RULES`.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import hashlib
+import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from gpu_worker.text.tags import TAG
 
-__all__ = ["MAX_RULES", "MAX_SPOKEN_CHARS", "MAX_WRITTEN_CHARS", "MAX_WRITTEN_WORDS", "Dictionary", "InvalidDictionary",
-           "PronunciationRule", "Rewritten", "apply"]
+__all__ = ["DICTIONARY_NAME", "MAX_RULES", "MAX_SPOKEN_CHARS", "MAX_WRITTEN_CHARS", "MAX_WRITTEN_WORDS", "Dictionary",
+           "InvalidDictionary", "PronunciationRule", "Rewritten", "apply", "merge"]
 
 MAX_RULES: Final = 1000
 MAX_WRITTEN_CHARS: Final = 100
 MAX_WRITTEN_WORDS: Final = 6
 MAX_SPOKEN_CHARS: Final = 200
-_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+DICTIONARY_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_NAME: Final = DICTIONARY_NAME
+_RULE_FIELDS: Final = frozenset({"written", "spoken", "case_sensitive", "whole_word"})
 _FORBIDDEN: Final = re.compile(r"[<>\x00-\x1f\x7f]")
 
 
@@ -63,6 +73,10 @@ class PronunciationRule:
     def key(self) -> str:
         return self.written if self.case_sensitive else self.written.casefold()
 
+    def to_json(self) -> dict:
+        return {"written": self.written, "spoken": self.spoken, "case_sensitive": self.case_sensitive,
+                "whole_word": self.whole_word}
+
 
 @dataclass(frozen=True, slots=True)
 class Dictionary:
@@ -89,16 +103,63 @@ class Dictionary:
     def longest_words(self) -> int:
         return max((len(r.written.split()) for r in self.rules), default=0)
 
+    @property
+    def version(self) -> str:
+        """A hash of the rules (16 hex digits): equal rules, equal version; any change, a new one."""
+        canonical = json.dumps([r.to_json() for r in self.rules], separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "rules": [r.to_json() for r in self.rules]}
+
     @classmethod
     def from_json(cls, data: dict) -> Dictionary:
         """{"name": ..., "rules": [{"written", "spoken", "case_sensitive"?, "whole_word"?}]} (the API's shape)."""
         if not isinstance(data, dict) or not isinstance(data.get("rules", []), list):
             raise InvalidDictionary("a dictionary is an object with a name and a list of rules")
-        try:
-            rules = tuple(PronunciationRule(**r) for r in data.get("rules", []))
-        except TypeError as exc:
-            raise InvalidDictionary(f"a rule has unknown or missing fields: {exc}") from None
-        return cls(data.get("name", ""), rules)
+        raw = data.get("rules", [])
+        if len(raw) > MAX_RULES:  # before building any: a hostile list costs nothing more
+            raise InvalidDictionary(f"dictionary has {len(raw)} rules; the limit is {MAX_RULES}")
+        rules = []
+        for i, r in enumerate(raw):
+            if not isinstance(r, dict):
+                raise InvalidDictionary(f"rule {i}: a rule is an object {{\"written\": ..., \"spoken\": ...}}")
+            unknown = set(r) - _RULE_FIELDS
+            if unknown:
+                shown = ", ".join(sorted(repr(str(k)[:30]) for k in unknown)[:5])
+                raise InvalidDictionary(f"rule {i}: unknown field(s) {shown}; a rule has written, spoken, "
+                                        "case_sensitive, whole_word")
+            if "written" not in r or "spoken" not in r:
+                raise InvalidDictionary(f"rule {i}: a rule needs both 'written' and 'spoken'")
+            for flag in ("case_sensitive", "whole_word"):
+                if flag in r and not isinstance(r[flag], bool):
+                    raise InvalidDictionary(f"rule {i}: '{flag}' must be true or false")
+            rules.append(PronunciationRule(**r))
+        return cls(data.get("name", ""), tuple(rules))
+
+
+def merge(dictionaries: Sequence[Dictionary]) -> Dictionary | None:
+    """One dictionary of all of `dictionaries`' rules, in order (None for none, the one itself for
+    one). Where two give the same written form (same case rule), the one named first wins. At most
+    `MAX_RULES` rules together: InvalidDictionary beyond (the same bound on the hot path as one)."""
+    if not dictionaries:
+        return None
+    if len(dictionaries) == 1:
+        return dictionaries[0]
+    total = sum(len(d.rules) for d in dictionaries)
+    names = ", ".join(repr(d.name) for d in dictionaries)
+    seen: set[tuple[bool, str]] = set()
+    rules: list[PronunciationRule] = []
+    for d in dictionaries:
+        for rule in d.rules:
+            k = (rule.case_sensitive, rule.key())
+            if k not in seen:
+                seen.add(k)
+                rules.append(rule)
+    if len(rules) > MAX_RULES:
+        raise InvalidDictionary(f"the dictionaries {names} hold {total} rules together; one request may use at most "
+                                f"{MAX_RULES}: name fewer, or merge them into one")
+    return Dictionary(dictionaries[0].name, tuple(rules))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,10 @@
 """The gateway and the LiveKit plugin reach workers through the contract and the client side only
 (issue 35): `gpu_worker.protocol`, `gpu_worker.errors`, `gpu_worker.trace_context` and
-`gpu_worker.client` (the package's own face, not its modules). Two stated exceptions: the creator
-path reads the adapter store's format (`gpu_worker.adapters.layout`, `.validation`), and the
-processes that bind a port apply the worker's start-up guards (`open_cluster`, `open_files`).
+`gpu_worker.client` and `gpu_worker.text` (the packages' own faces, not their modules: the text
+front end's rules, standard library only, are part of the contract: what a pronunciation
+dictionary is, which tags a voice acts). Two stated exceptions: the creator path reads the adapter
+store's format (`gpu_worker.adapters.layout`, `.validation`), and the processes that bind a port
+apply the worker's start-up guards (`open_cluster`, `open_files`).
 Read from the source (ast), so a lazy import inside a function counts too."""
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CONTRACT = {"gpu_worker.protocol", "gpu_worker.errors", "gpu_worker.trace_context", "gpu_worker.client"}
+CONTRACT = {"gpu_worker.protocol", "gpu_worker.errors", "gpu_worker.trace_context", "gpu_worker.client", "gpu_worker.text"}
 CREATOR_PATH = {"gpu_worker.adapters.layout", "gpu_worker.adapters.validation"}
 START_UP = {"gpu_worker.open_cluster", "gpu_worker.open_files"}
 ENTRY_POINTS = {"gateway/serve.py", "gateway/livekit/agent.py", "gateway/livekit/cli.py"}

@@ -33,6 +33,7 @@ from gateway.livekit import TTS
 from gateway.livekit.agent import FleetLoad, VoiceAgent, build_server, fleet_load, speak_text
 from gateway.livekit.metrics import AgentMetrics
 from gateway.livekit.settings import AgentSettings
+from gateway.livekit.transcript import TaggedSpeechAgent
 from gpu_worker.process import free_port
 from gpu_worker.protocol import ContextOptions
 from hashring.membership import RingWatcher
@@ -129,12 +130,13 @@ def without_end_marker(pcm: bytes) -> bytes:
     return pcm[:-480] if pcm.endswith(marker) else pcm
 
 
-async def started_session(plugin: TTS, reply: str = REPLY) -> tuple[AgentSession, RecordingSink, ScriptedLLM]:
+async def started_session(plugin: TTS, reply: str = REPLY, agent: type[Agent] = Agent
+                          ) -> tuple[AgentSession, RecordingSink, ScriptedLLM]:
     scripted = ScriptedLLM(reply)
     session = AgentSession(llm=scripted, tts=plugin, vad=None, turn_handling={"turn_detection": "manual"})
     sink = RecordingSink()
     session.output.audio = sink
-    await session.start(Agent(instructions="You are a test voice."))
+    await session.start(agent(instructions="You are a test voice."))
     return session, sink, scripted
 
 
@@ -150,6 +152,23 @@ async def test_an_agent_session_speaks_the_llm_reply_through_the_plugin(worker):
         await plugin.aclose()
     assert sink.frames and {(f.sample_rate, f.num_channels) for f in sink.frames} == {(24000, 1)}
     assert without_end_marker(sink.pcm) == await direct_like_the_plugin(worker.url, [REPLY], opts(seed=81))
+
+
+async def test_the_voice_acts_its_tags_and_the_transcript_leaves_them_out(worker):
+    """The TTS gets the LLM's text with its tags (the audio is that of the tagged text); the
+    session's history, built from the transcription node, has none (TaggedSpeechAgent)."""
+    reply = "Well <laugh> that is funny. <SIGH> Anyway."
+    plugin = TTS(voice=VOICE, workers=[worker.url], options=opts(seed=83))
+    session, sink, _ = await started_session(plugin, reply=reply, agent=TaggedSpeechAgent)
+    try:
+        handle = session.generate_reply(user_input="Tell me a joke.")
+        await asyncio.wait_for(handle.wait_for_playout(), timeout=120)
+    finally:
+        await session.aclose()
+        await plugin.aclose()
+    said = [item.text_content for item in session.history.items if getattr(item, "role", None) == "assistant"]
+    assert said == ["Well that is funny. Anyway."]
+    assert without_end_marker(sink.pcm) == await direct_like_the_plugin(worker.url, [reply], opts(seed=83))
 
 
 async def test_an_interruption_stops_the_speech_and_the_worker_drops_the_context(worker):

@@ -14,14 +14,17 @@ import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 
 from gpu_worker.adapters import publish_adapter
 from gpu_worker.client import MAX_CONNECTION_ERRORS, WorkerClient, WorkerRequestError, collect
-from gpu_worker.protocol import ContextOptions
+from gpu_worker.protocol import ContextOptions, PronunciationRef
+from gpu_worker.text import Dictionary
 from hashring import RingSettings
 from hashring.membership import RingWatcher
 from hashring.placement import ReplicaControl, place
@@ -111,6 +114,29 @@ async def test_a_start_on_a_non_owner_is_served_by_the_owner_byte_identical(clus
     assert relayed.done.stats.served_by == "worker-b" and relayed.done.stats.proxied is True
     assert direct.done.stats.served_by == "worker-b" and direct.done.stats.proxied is False
     assert relayed.pcm == direct.pcm and relayed.pcm
+
+
+async def test_a_relayed_start_reads_its_pronunciations_once_at_the_owner(cluster, ring, redis_server):
+    """The references travel with the relayed start; the owner reads the dictionary and applies it
+    (before normalization, once): equal to the owner speaking the rewritten text directly."""
+    voice = owned_by(ring, "worker-b")
+    dictionary = Dictionary.from_json({"name": "names", "rules": [{"written": "Who", "spoken": "Hoo"}]})
+    key = f"{CLUSTER_PREFIX}:t:t_relay{uuid.uuid4().hex[:6]}:pronunciations"
+    redis = aioredis.from_url(redis_server.url, decode_responses=True)
+    try:
+        await redis.hset(key, "names", json.dumps({"name": "names", "version": dictionary.version,
+                                                   **dictionary.to_json()}))
+        refs = (PronunciationRef(key, "names", dictionary.version),)
+        async with await WorkerClient.connect(cluster["worker-a"].url) as entry:
+            relayed = await entry.say(voice, "Dr. Who.", options=replace(FAST, pronunciations=refs))
+        async with await WorkerClient.connect(cluster["worker-b"].url) as owner:
+            direct = await owner.say(voice, "Doctor Hoo.", options=FAST)
+            unread = await owner.say(voice, "Doctor Who.", options=FAST)
+    finally:
+        await redis.delete(key)
+        await redis.aclose()
+    assert relayed.done.stats.served_by == "worker-b" and relayed.done.stats.proxied is True
+    assert relayed.pcm == direct.pcm != unread.pcm
 
 
 async def test_sixteen_contexts_through_one_worker_for_voices_of_all_three(cluster, ring):

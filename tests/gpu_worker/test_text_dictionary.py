@@ -81,3 +81,40 @@ def test_a_large_dictionary_stays_fast():
     for _ in range(100):
         normalize("A sentence with word10 and word999 in it, 20 words or so, nothing else at all.", dictionary=dictionary)
     assert (time.perf_counter() - start) / 100 < 0.005
+
+
+def test_version_is_a_hash_of_the_rules_and_the_stored_form_round_trips():
+    d = Dictionary("d", (PronunciationRule("Who", "Hoo"), PronunciationRule("SQL", "sequel", case_sensitive=True)))
+    again = Dictionary.from_json(d.to_json())
+    assert again == d and again.version == d.version and len(d.version) == 16
+    assert Dictionary("other-name", d.rules).version == d.version  # the rules', not the name's
+    changed = Dictionary("d", (PronunciationRule("Who", "Whom"), d.rules[1]))
+    assert changed.version != d.version
+    flipped = Dictionary("d", (d.rules[0], PronunciationRule("SQL", "sequel")))
+    assert flipped.version != d.version  # a case rule is part of the rule
+
+
+@pytest.mark.parametrize("rules", [
+    [{"written": "a", "spoken": "b", "extra": 1}],
+    [{"written": "a"}],
+    ["a"],
+    [{"written": "a", "spoken": "b", "whole_word": 1}],
+    [{"written": "w", "spoken": "s"}] * (MAX_RULES + 1),
+])
+def test_from_json_refuses_what_is_not_a_rule(rules):
+    with pytest.raises(InvalidDictionary):
+        Dictionary.from_json({"name": "d", "rules": rules})
+
+
+def test_merge_keeps_the_first_named_and_the_rule_bound():
+    from gpu_worker.text.dictionary import merge
+
+    a = Dictionary("a", (PronunciationRule("Who", "Hoo"),))
+    b = Dictionary("b", (PronunciationRule("who", "Hu"), PronunciationRule("SQL", "sequel")))
+    assert merge([]) is None and merge([a]) is a
+    merged = merge([a, b])
+    assert [r.spoken for r in merged.rules] == ["Hoo", "sequel"]
+    assert normalize("Who wrote SQL?", dictionary=merged).text == "Hoo wrote sequel?"
+    big = Dictionary("big", tuple(PronunciationRule(f"w{i}", "x") for i in range(MAX_RULES)))
+    with pytest.raises(InvalidDictionary, match="together"):
+        merge([big, b])

@@ -17,11 +17,12 @@ from livekit.agents import Plugin
 
 from gateway.livekit.log import logger
 from gateway.livekit.transport import GatewayTransport, PoolTransport, Transport
+from gateway.livekit.transcript import TaggedSpeechAgent, without_tags
 from gateway.livekit.tts import TTS, ChunkedStream, SynthesizeStream, TTSOptions
 from gpu_worker.protocol import ContextOptions
 
 __all__ = ["TTS", "ChunkedStream", "GatewayTransport", "PoolTransport", "SynthesizeStream", "TTSOptions", "Transport",
-           "ContextOptions", "__version__"]
+           "ContextOptions", "TaggedSpeechAgent", "without_tags", "__version__"]
 
 __version__ = version("voicering")  # the installed distribution's (read, not imported: voicering's CLI sits above gateway)
 
