@@ -35,13 +35,14 @@ def codec(
 @app.command("worker")
 def worker(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    quick: bool = typer.Option(False, "--quick", help="One round of short streams, one TTFB round: a smoke run "
-                                                      "(the suite's), figures not comparable."),
+    quick: bool = typer.Option(False, "--quick", help="One round of short streams, one TTFB round, one round of the "
+                                                      "codec and sampler micro benches: a smoke run (the suite's), "
+                                                      "figures not comparable."),
 ) -> None:
     """The real vLLM engine with stand-in weights: TTFB, tokens/s per stream, LoRA and constraint ratios."""
     from bench.worker import run
 
-    _emit(run(rounds=1, max_tokens=15, ttfb_rounds=1) if quick else run(), as_json)
+    _emit(run(rounds=1, max_tokens=15, ttfb_rounds=1, micro_rounds=1) if quick else run(), as_json)
 
 
 @app.command("train")

@@ -315,7 +315,7 @@ def _plan(round_index: int, lora, base, fused, off) -> list[tuple[str, list, obj
     return plan + (trio if forward else trio[::-1])
 
 
-async def _main(rounds: int, max_tokens: int, ttfb_rounds: int) -> dict:
+async def _main(rounds: int, max_tokens: int, ttfb_rounds: int, micro_rounds: int | None) -> dict:
     from gpu_worker.adapters import AdapterStore
     from gpu_worker.codec import SnacCodec, set_cpu_threads
     from gpu_worker.engine import EngineSettings, SamplingOptions, SpeechEngine
@@ -374,8 +374,8 @@ async def _main(rounds: int, max_tokens: int, ttfb_rounds: int) -> dict:
         "invalid_tokens": sum(r["invalid"] for name in measured if "fused" in name for r in measured[name]) + cycle["invalid_tokens"],
         "invalid_tokens_full_vocab": sum(r["invalid"] for name in measured if name.startswith("off") for r in measured[name]),
         **{k: v for k, v in cycle.items() if k != "invalid_tokens"},
-        **_codec_batching(codec),
-        **_sampler_step_ms(),
+        **(_codec_batching(codec) if micro_rounds is None else _codec_batching(codec, rounds=micro_rounds)),
+        **(_sampler_step_ms() if micro_rounds is None else _sampler_step_ms(rounds=micro_rounds, steps=3)),
         "config": {"model": "stand-in (2-layer Llama, Orpheus vocab, bf16)", "device": "cpu", "max_loras": MAX_LORAS,
                    "max_cpu_loras": MAX_CPU_LORAS, "cycle_voices": CYCLE_VOICES, "tokens_per_stream": max_tokens,
                    "rounds": rounds, "sampling": "temperature 0.6, top_p 0.8, repetition_penalty 1.1",
@@ -415,10 +415,12 @@ def plot(figures: dict, out: Path) -> Path:
     return out
 
 
-def run(rounds: int = 3, max_tokens: int = 7 * 7 + 1, ttfb_rounds: int = 8, plot_to: Path | None = None) -> dict:
+def run(rounds: int = 3, max_tokens: int = 7 * 7 + 1, ttfb_rounds: int = 8, plot_to: Path | None = None,
+        micro_rounds: int | None = None) -> dict:
+    """``micro_rounds``: rounds of the codec-batching and sampler micro benches (None: theirs, 3 and 5)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries only the JSON
-    figures = asyncio.run(_main(rounds, max_tokens, ttfb_rounds))
+    figures = asyncio.run(_main(rounds, max_tokens, ttfb_rounds, micro_rounds))
     target = plot_to or Path(os.environ.get("VOICERING_BENCH_PLOT", REPO / "docs" / "worker-tokens-per-stream.png"))
     figures["plot"] = str(plot(figures, target).relative_to(REPO) if target.is_relative_to(REPO) else target)
     return figures

@@ -136,7 +136,11 @@ def words_in_order(phrase: str, heard: str) -> int:
     """How many of the phrase's items appear in `heard` in the phrase's order, an item of several
     words (a number) counting when its words are heard together: the longest common subsequence
     of the items and the heard words."""
-    items, got = [i for i in _items(phrase) if i], _words(heard)
+    return _in_order([i for i in _items(phrase) if i], _words(heard))
+
+
+def _in_order(items: Sequence[tuple[str, ...]], got: Sequence[str]) -> int:
+    """`words_in_order` on words already read (the heard text is normalized once per check)."""
     prev = [0] * (len(got) + 1)  # prev[j]: items matched so far within got[:j]
     for item in items:
         n = len(item)
@@ -151,11 +155,12 @@ def words_in_order(phrase: str, heard: str) -> int:
 
 def reading_heard(phrase: str, heard: str) -> PhraseHeard:
     """Hold what the ASR heard to the consent text of `phrase` (the module doc's three rules)."""
-    sentence = " ".join(_words(CONSENT_SENTENCE))
-    sentence_words = len(sentence.split())
-    sentence_heard = words_in_order(sentence, heard)
-    count, total = words_in_order(phrase, heard), len([i for i in _items(phrase) if i])
-    extra = len(_words(heard)) - len(_words(consent_text(phrase)))
+    got = _words(heard)
+    sentence = [(word,) for word in _words(CONSENT_SENTENCE)]
+    sentence_words, sentence_heard = len(sentence), _in_order(sentence, got)
+    items = [i for i in _items(phrase) if i]
+    count, total = _in_order(items, got), len(items)
+    extra = len(got) - len(_words(consent_text(phrase)))
     passed = (sentence_heard >= sentence_words - MAX_SENTENCE_WORDS_MISSED
               and count >= total - MAX_PHRASE_WORDS_MISSED and extra <= MAX_EXTRA_WORDS)
     return PhraseHeard(phrase, heard, count, total, sentence_heard, sentence_words, extra, passed)
