@@ -19,13 +19,18 @@ worker's cache keyed by it never serves a replaced rule.
 `resolve` turns a request's names into `PronunciationRef`s (the tenant's hash key, name, version)
 for the worker: the caller never names a Redis key. A voice may have default dictionaries (a third
 hash, voice name -> names), used by a request that names none; a dictionary some voice has as a
-default cannot be deleted (`PronunciationInUse`), so a default never names a missing one.
+default cannot be deleted (`PronunciationInUse`), so a default never names a missing one. While
+Redis is away a request that names none is not refused (the gateway keeps speaking for known keys
+then): it uses the defaults this process last saw for the voice (`MAX_REMEMBERED_DEFAULTS`), none
+if it saw none; a request that names dictionaries is refused (503), never spoken without them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -40,6 +45,7 @@ from gateway.tenants.errors import (
     PronunciationNotFound,
     QuotaExceeded,
     StoreError,
+    Unavailable,
     redis_errors,
 )
 from gateway.tenants.keys import DEFAULT_PREFIX, KeyLayout
@@ -51,6 +57,9 @@ __all__ = ["MAX_DICTIONARIES", "MAX_DICTIONARY_BYTES", "MAX_PRONUNCIATIONS", "Pr
 
 MAX_DICTIONARIES: Final = 20  # per tenant
 MAX_DICTIONARY_BYTES: Final = 256 * 1024  # one dictionary's stored JSON (compact, UTF-8)
+MAX_REMEMBERED_DEFAULTS: Final = 4096  # voices whose defaults one gateway keeps for a Redis outage
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +100,7 @@ class Pronunciations:
         self._delete = redis.register_script(scripts.DELETE_PRONUNCIATION)
         self._set_defaults = redis.register_script(scripts.SET_VOICE_PRONUNCIATIONS)
         self._defaults = redis.register_script(scripts.VOICE_PRONUNCIATIONS)
+        self._seen: OrderedDict[tuple[str, str], tuple[PronunciationRef, ...]] = OrderedDict()  # (tenant, voice)
 
     def _hashes(self, tenant: Tenant) -> list[str]:
         return [self.keys.pronunciations(tenant.id), self.keys.pronunciation_index(tenant.id)]
@@ -173,8 +183,21 @@ class Pronunciations:
         """A request's references: its own `names`, or (None) the voice's default, in one round trip."""
         if names is not None:
             return await self.resolve(tenant, names)
-        entries = await self._default_entries(tenant, voice)
-        return self._refs(tenant, [name for name, _ in entries], [raw for _, raw in entries])
+        seen = (tenant.id, voice)
+        try:
+            entries = await self._default_entries(tenant, voice)
+        except Unavailable as exc:
+            remembered = self._seen.get(seen, ())
+            log.warning("voice %r of tenant %s spoken with the default dictionaries last seen (%s): %s", voice,
+                        tenant.id, ", ".join(r.name for r in remembered) or "none", exc.message)
+            return remembered
+        refs = self._refs(tenant, [name for name, _ in entries], [raw for _, raw in entries])
+        self._seen.pop(seen, None)
+        if refs:  # only voices with defaults are kept: the bound is on those
+            self._seen[seen] = refs
+            while len(self._seen) > MAX_REMEMBERED_DEFAULTS:
+                self._seen.popitem(last=False)
+        return refs
 
     async def _default_entries(self, tenant: Tenant, voice: str) -> list[tuple[str, str | None]]:
         with redis_errors():

@@ -104,3 +104,33 @@ async def test_metrics_count_requests_by_route_and_status(gateway, new_tenant):
     assert 'voicering_gateway_requests_total{route="/v1/audio/speech",status="200"}' in text
     assert 'voicering_gateway_requests_total{route="/v1/audio/speech",status="401"}' in text
     assert 'voicering_gateway_ttfb_seconds_count{format="pcm",route="speech"}' in text
+
+
+async def test_with_redis_down_a_voice_keeps_the_default_dictionaries_last_seen(gateway, worker, new_tenant,
+                                                                                redis_server):
+    """The default look-up must not turn a Redis outage into 503s for known keys (the test above):
+    the gateway uses the defaults it last saw, and the worker the dictionary it holds by version.
+    A request that names dictionaries is refused instead (never spoken without them)."""
+    _, key = await new_tenant()
+    speech = f"{gateway.url}/v1/audio/speech"
+    body = {"model": "tts-1", "voice": "tara", "input": "Dr. Who.", "response_format": "pcm", "seed": 11,
+            "max_tokens": 15}
+    async with httpx.AsyncClient(timeout=60) as http:
+        made = await http.post(f"{gateway.url}/v1/pronunciations", headers=auth(key),
+                               json={"name": "names", "rules": [{"written": "Who", "spoken": "Hoo"}]})
+        assert made.status_code == 201
+        attached = await http.put(f"{gateway.url}/v1/voices/tara/pronunciations", headers=auth(key),
+                                  json={"pronunciations": ["names"]})
+        assert attached.status_code == 200
+        before = await http.post(speech, headers=auth(key), json=body)
+        redis_server.kill()
+        try:
+            during = await http.post(speech, headers=auth(key), json=body)
+            named = await http.post(speech, headers=auth(key), json={**body, "pronunciations": ["names"]})
+        finally:
+            redis_server.start()
+    async with await WorkerClient.connect(worker.url) as client:
+        hoo = (await client.say("tara", "Doctor Hoo.", options=ContextOptions(seed=11, max_tokens=15))).pcm
+    assert before.status_code == 200 and before.content == hoo  # the voice's default, named by nobody
+    assert during.status_code == 200 and during.content == hoo
+    assert named.status_code == 503 and "retry-after" in named.headers
