@@ -5,9 +5,9 @@ line for an empty one), for batch checks. A developer who hears a word read wron
 whether the normalizer or the voice did it. Exit status: 0 read, 1 a line was refused (too long),
 2 a usage error (a language without rules, or a dictionary that cannot be read).
 
-`print_readings` is the command's body, with a pronunciation dictionary already loaded: the
-`voicering normalize` wired in `voicering/normalize.py` adds `--dictionary NAME --tenant T`, which
-reads a tenant's dictionary from Redis through the tenant layer (this package imports no Redis).
+`print_readings` is the command's body, with a pronunciation dictionary already loaded; the command
+itself (its options, and `--dictionary NAME --tenant T`, which reads a tenant's dictionary from
+Redis through the tenant layer) is `voicering/normalize.py`: this package imports no Redis.
 """
 
 from __future__ import annotations
@@ -21,15 +21,7 @@ from gpu_worker.text.dictionary import Dictionary
 from gpu_worker.text.languages import UnknownLanguage
 from gpu_worker.text.normalize import normalize
 
-__all__ = ["command", "print_readings"]
-
-
-def command(
-    text: str = typer.Argument(..., help='The written text, or "-" to read lines from standard input.'),
-    language: str = typer.Option("en", "--language", help="The text's language (rules exist for: en)."),
-) -> None:
-    """Print what the voice reads for TEXT (numbers, dates, money, units, abbreviations spelled out; tags kept)."""
-    print_readings(text, language)
+__all__ = ["print_readings"]
 
 
 def print_readings(text: str, language: str = "en", dictionary: Dictionary | None = None) -> None:
