@@ -749,7 +749,7 @@ def start_up(folder: Path, *, workers: int = WORKERS, max_streams: int | None = 
                     return stack
             if time.monotonic() > deadline:
                 raise RuntimeError(f"voicering up not ready after {timeout_s:.0f} s:\n{stack.tail()}")
-            time.sleep(1.0)
+            time.sleep(0.2)
     except BaseException:
         stack.stop()
         raise

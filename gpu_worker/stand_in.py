@@ -28,6 +28,7 @@ Layout under the target directory::
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 from collections.abc import Iterator
@@ -410,8 +411,24 @@ def build_stand_in(root: Path, *, voices: int = 2, seed: int = 0, force: bool = 
     wanted = {"version": STAND_IN_VERSION, "voices": voice_names(voices), "seed": seed, "codec": codec}
     if shape != "tiny":
         wanted["shape"] = shape
-    if not force and paths.stamp.exists() and json.loads(paths.stamp.read_text()) == wanted:
+    if not force and _complete(paths, wanted):
         return paths
+    paths.root.parent.mkdir(parents=True, exist_ok=True)
+    # two processes building the same root at once (`voicering up` beside a bench, a parallel test
+    # run) would delete each other's half-written files: one builds, the others wait and reuse it
+    with open(paths.root.parent / f".{paths.root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and _complete(paths, wanted):
+            return paths
+        _build(paths, wanted, shape=shape, seed=seed, codec=codec)
+    return paths
+
+
+def _complete(paths: StandInPaths, wanted: dict) -> bool:
+    return paths.stamp.exists() and json.loads(paths.stamp.read_text()) == wanted
+
+
+def _build(paths: StandInPaths, wanted: dict, *, shape: ShapeName, seed: int, codec: CodecName) -> None:
     if paths.root.exists():
         for sub in (paths.model, paths.codec, paths.voices):
             shutil.rmtree(sub, ignore_errors=True)
@@ -429,4 +446,3 @@ def build_stand_in(root: Path, *, voices: int = 2, seed: int = 0, force: bool = 
         else:
             write_lora(ORPHEUS_3B, paths.model, paths.voice(name), name=name, seed=seed + 1000 + i)
     paths.stamp.write_text(json.dumps(wanted))
-    return paths

@@ -76,9 +76,11 @@ async def test_a_consumer_that_stops_reading_is_cut_and_others_keep_going(small_
     async with await WorkerClient.connect(small_worker.url) as client:
         speech = await client.say("leo", "I am listening.", options=ContextOptions(max_tokens=7 * 8 + 1, seed=4))
     assert speech.done.stats.frames == 8
-    # cut by the documented path (a write blocked for slow_consumer_s), long before the 40 s keepalive would
+    # cut by the documented path (a write blocked for slow_consumer_s), not the 40 s keepalive: the
+    # log line and the slow_consumer counts below say which path cut it, not a clock (a loaded box
+    # once took past 30 s)
     while (await asyncio.to_thread(small_worker.health))["active_streams"] > 0:
-        assert time.monotonic() - stopped_reading < 30, "stalled stream was not cut by the slow-consumer path"
+        assert time.monotonic() - stopped_reading < 120, "stalled stream was never cut"
         await asyncio.sleep(0.5)
     assert "cutting a connection that stopped reading" in small_worker.log_path.read_text()
     with pytest.raises(ConnectionClosed) as closed:  # reading now drains what was buffered, then the cut

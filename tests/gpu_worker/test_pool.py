@@ -39,7 +39,7 @@ from tests.fixtures.models import REPO
 
 # a real worker under a loaded 2-core CI box can take over 1 s to its first audio: the first-audio
 # clock the tests set must be one a healthy worker always beats there, or it ejects the live worker too
-FIRST_AUDIO_S = 3.0
+FIRST_AUDIO_S = 8.0  # a real worker's first audio must come within it: seconds on a loaded 2-core box
 
 VNODES = 64
 
@@ -282,7 +282,7 @@ async def test_a_peer_that_takes_the_start_and_never_answers_is_timed_out_ejecte
             began = time.monotonic()
             await stream.end()
             pcm = b"".join([chunk async for chunk in stream.audio()])
-            assert FIRST_AUDIO_S <= time.monotonic() - began < 20
+            assert FIRST_AUDIO_S <= time.monotonic() - began < FIRST_AUDIO_S + 30
             assert stream.worker_id == live and stream.attempts == 2 and stream.done.reason == "completed"
             assert len(pcm) == pcm_bytes(2)
             assert [m["type"] for m in received] == ["start", "end", "cancel"]  # the hung try was cancelled there

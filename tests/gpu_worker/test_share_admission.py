@@ -144,11 +144,15 @@ async def fleet(stack: AsyncExitStack, redis_url: str, ring_worker, peers: dict[
         await stack.enter_async_context(Heartbeat(store, WorkerInfo(wid, url, url, capacity=2)))
     watcher = await stack.enter_async_context(RingWatcher(store))
     await watcher.wait_for(lambda v: {n.id for n in v.ring.nodes} == {WORKER, *peers}, 30)
-    for _ in range(150):  # the worker's own view (it refreshes every 0.2 s)
-        if (await asyncio.to_thread(ring_worker.health)).get("ring_workers") == 1 + len(peers):
+    # the worker's own view (it refreshes every 0.2 s), at this epoch or later: a count alone can
+    # match a stale view that still holds the previous test's peers
+    epoch, health = watcher.view.epoch, {}
+    for _ in range(150):
+        health = await asyncio.to_thread(ring_worker.health)
+        if health.get("ring_epoch", -1) >= epoch and health.get("ring_workers") == 1 + len(peers):
             break
         await asyncio.sleep(0.2)
-    assert (await asyncio.to_thread(ring_worker.health))["ring_workers"] == 1 + len(peers)
+    assert health.get("ring_epoch", -1) >= epoch and health["ring_workers"] == 1 + len(peers), health
     return settings, store, watcher
 
 

@@ -136,3 +136,27 @@ def test_the_codec_follows_the_shape_unless_asked(tmp_path):
         build_stand_in(tmp_path, codec="large")  # type: ignore[arg-type]
     build_snac(tmp_path / "published", codec="snac-24khz")
     assert json.loads((tmp_path / "published" / "config.json").read_text()) == SNAC_24KHZ_CONFIG
+
+
+def test_a_build_waits_for_another_process_s_build_of_the_same_root_and_reuses_it(tmp_path):
+    """`voicering up` beside a bench (or two test runs) build one root at a time: a second build
+    that finds it incomplete waits on the root's lock, then reuses what the first one wrote instead
+    of deleting it from under it."""
+    import fcntl
+    import threading
+
+    paths = build_stand_in(tmp_path / "si", voices=1)
+    weights = next(paths.model.glob("*.safetensors"))
+    before = weights.stat().st_ino
+    stamp = paths.stamp.read_text()
+    with open(tmp_path / ".si.lock", "w") as lock:  # another process is building it now
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        paths.stamp.unlink()
+        second = threading.Thread(target=build_stand_in, args=(tmp_path / "si",), kwargs={"voices": 1})
+        second.start()
+        second.join(1.0)
+        assert second.is_alive()  # waiting on the lock, not rebuilding
+        paths.stamp.write_text(stamp)  # the other build finishes
+    second.join(60)
+    assert not second.is_alive()
+    assert next(paths.model.glob("*.safetensors")).stat().st_ino == before  # reused, not rewritten
