@@ -37,9 +37,10 @@ from hashring.settings import RetryPolicy, RingSettings
 from hashring.store import RingStore
 from tests.fixtures.models import REPO
 
-# a real worker under a loaded 2-core CI box can take over 1 s to its first audio: the first-audio
-# clock the tests set must be one a healthy worker always beats there, or it ejects the live worker too
-FIRST_AUDIO_S = 8.0  # a real worker's first audio must come within it: seconds on a loaded 2-core box
+# a real worker on a loaded 2-core box can take seconds to its first audio (over 3 s beside another
+# test process): the first-audio clock the tests set must be one a healthy worker always beats
+# there, or it ejects the live worker too
+FIRST_AUDIO_S = 8.0
 
 VNODES = 64
 
