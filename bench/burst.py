@@ -51,7 +51,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -64,6 +63,7 @@ from pathlib import Path
 from bench.fleet import rejected_counts
 from bench.gateway import server_timing
 from bench.proxy import get_text
+from hashring.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".cache" / "bench-burst"
@@ -652,29 +652,6 @@ async def _probe(client, url: str, key: str, voice: str, kill_at: float, *, max_
 
 # -- the stack --------------------------------------------------------------------------------------
 
-def _free_ports(n: int, host: str = "127.0.0.1") -> int:
-    """The first of `n` consecutive free ports."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            first = s.getsockname()[1]
-        if first + n > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(first, first + n):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind((host, port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError(f"no {n} consecutive free ports on {host}")
-
-
 @dataclass(slots=True)
 class UpStack:
     """`voicering up` as the bench runs it: its process, and what its folder says."""
@@ -722,7 +699,7 @@ def start_up(folder: Path, *, workers: int = WORKERS, max_streams: int | None = 
 
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    gateway_port, worker_port = _free_ports(2), _free_ports(workers)
+    gateway_port, worker_port = free_ports(2), free_ports(workers)
     voices = json.dumps(list(base_voices))
     env = {**os.environ, "VOICERING_WORKER_BASE_VOICES": voices, "VOICERING_GATEWAY_BASE_VOICES": voices}
     if max_streams is not None:

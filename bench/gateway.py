@@ -219,7 +219,8 @@ async def _auth_us(redis_url: str, tenant_prefix: str, calls: int = 300) -> tupl
 
 
 def run(rounds: int = 8, max_tokens: int = 7 * 4 + 1, concurrent: int = 32) -> dict:
-    from gpu_worker.process import free_port, spawn_worker
+    from gpu_worker.process import spawn_worker
+    from hashring.ports import free_port
     from bench.weights import bench_stand_in
     from hashring.embedded import EmbeddedRedis
 

@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
 import time
 from dataclasses import replace
@@ -161,10 +160,9 @@ async def _ttfb(engine, codec, store, stand_in, rounds: int) -> dict:
     from gpu_worker.context import ContextDeps
     from gpu_worker.settings import WorkerSettings
     from gpu_worker.worker import context_limits, sampling_defaults, trim_factory
+    from hashring.ports import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     settings = WorkerSettings(model=str(stand_in.model), codec=str(stand_in.codec), voices_dir=store.root, port=port,
                               max_loras=MAX_LORAS, max_cpu_loras=MAX_CPU_LORAS, log_format="text")
     metrics = WorkerMetrics()

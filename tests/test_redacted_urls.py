@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker.process import free_port
+from hashring.ports import free_port
 from hashring.errors import RingUnavailable
 from hashring.redis_client import redact_url
 from hashring.settings import RetryPolicy, RingSettings

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from gpu_worker.metrics import WorkerMetrics
-from gpu_worker.process import free_port
+from hashring.ports import free_port
 from hashring.membership import Heartbeat, RingWatcher
 from hashring.placement import HeatRecorder, ReplicaControl
 from hashring.presence import PRESENCE_SILENT_AFTER_S, Announcer

@@ -13,7 +13,8 @@ import wave
 
 from lora_training.asr import BUNDLED_SHA256
 from tests.fixtures.models import REPO, STAND_IN_CACHE
-from tests.gateway.test_up import free_ports, processes_of
+from hashring.ports import free_ports
+from tests.gateway.test_up import processes_of
 
 
 def test_the_demo_runs_the_platform_s_day_and_reports_every_line(stand_in, tmp_path):

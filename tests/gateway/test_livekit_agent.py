@@ -34,7 +34,7 @@ from gateway.livekit.agent import FleetLoad, VoiceAgent, build_server, fleet_loa
 from gateway.livekit.metrics import AgentMetrics
 from gateway.livekit.settings import AgentSettings
 from gateway.livekit.transcript import TaggedSpeechAgent
-from gpu_worker.process import free_port
+from hashring.ports import free_port
 from gpu_worker.protocol import ContextOptions
 from hashring.membership import RingWatcher
 from hashring.records import RingView, Snapshot, WorkerInfo

@@ -17,7 +17,7 @@ from livekit.agents.metrics import TTSMetrics
 from gateway.livekit import TTS
 from gateway.livekit.sentences import SentenceSplitter
 from gpu_worker.client import WorkerClient
-from gpu_worker.process import free_port
+from hashring.ports import free_port
 from gpu_worker.protocol import ContextOptions
 from hashring.membership import RingWatcher
 from hashring.settings import RingSettings

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -16,6 +15,7 @@ from typer.testing import CliRunner
 
 from gateway.cli import app
 from gateway.tenants import Tenant, TenantLimits, Tenants, Unauthorized, connect_redis
+from hashring.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,9 +118,7 @@ def test_errors_are_one_clear_line_and_exit_1(env):
 
 
 def test_unreachable_redis_is_reported_with_the_url(env):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     url = f"redis://user:secret@127.0.0.1:{port}/0"
     result = invoke(env, "list", "--redis", url)
     failed(result, "unreachable")

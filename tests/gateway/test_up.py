@@ -26,35 +26,13 @@ import psutil
 import pytest
 import redis
 
+from hashring.ports import free_ports
 from voicering.stack.folder import AlreadyRunning, StackFolder
 from voicering.stack.local_tenant import ensure_local_tenant
 from voicering.stack.plan import QUICK_CLONE_PARAMS, ExposedWithoutToken, Models, PortInUse, check_ports, plan_stack
 from voicering.stack.settings import UpSettings
 from hashring.embedded import EmbeddedRedis
 from tests.fixtures.models import REPO, STAND_IN_CACHE
-
-
-def free_ports(count: int) -> int:
-    """The first of `count` consecutive loopback ports that are free now."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
-        try:
-            held = []
-            for port in range(first, first + count):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise RuntimeError("no run of free ports")
 
 
 def up_command(folder: Path, *extra: str) -> list[str]:

@@ -430,7 +430,7 @@ async def test_the_watcher_lives_through_a_redis_outage_and_uploads_are_503_mean
     import redis as sync_redis
 
     from gateway.settings import GatewaySettings
-    from gpu_worker.process import free_port
+    from hashring.ports import free_port
     from hashring.embedded import EmbeddedRedis
 
     caplog.set_level(logging.WARNING, logger="gateway.cloning")

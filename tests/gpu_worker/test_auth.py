@@ -14,7 +14,7 @@ from websockets.exceptions import InvalidStatus
 
 from gpu_worker.client import NoWorkerAvailable, PoolSettings, WorkerClient, WorkerPool
 from gpu_worker.metrics import WorkerMetrics
-from gpu_worker.process import free_port
+from hashring.ports import free_port
 from gpu_worker.server import WorkerServer
 from gpu_worker.context import ContextDeps
 from gpu_worker.settings import WorkerSettings

@@ -16,7 +16,7 @@ import pytest
 from gateway.livekit.settings import AgentSettings
 from gateway.settings import GatewaySettings
 from gpu_worker.open_cluster import MIN_TOKEN_CHARS, OpenCluster, is_loopback, require_cluster_token
-from gpu_worker.process import free_port
+from hashring.ports import free_port
 from gpu_worker.settings import WorkerSettings
 
 GOOD = "k" * MIN_TOKEN_CHARS

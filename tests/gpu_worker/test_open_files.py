@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from gpu_worker.process import free_port
+from hashring.ports import free_port
 
 LOW = 256
 

@@ -27,7 +27,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from gpu_worker.client import (NoWorkerAvailable, PoolSettings, RingRouter, Speech, WorkerClient, WorkerLost,
                                WorkerPool, WorkerRequestError)
 from gpu_worker.orpheus import SAMPLES_PER_FRAME
-from gpu_worker.process import free_port
+from hashring.ports import free_port
 from gpu_worker.protocol import ContextOptions
 from hashring.membership import Heartbeat, RingWatcher
 from hashring.placement import place

@@ -20,7 +20,6 @@ import asyncio
 import base64
 import hashlib
 import json
-import socket
 import urllib.request
 import uuid
 from contextlib import AsyncExitStack
@@ -34,6 +33,7 @@ from gpu_worker.admission import fleet_share
 from hashring.share import share_floor_streams
 from hashring.membership import Heartbeat, RingWatcher
 from hashring.placement import place
+from hashring.ports import free_port
 from hashring.records import RingView, WorkerInfo
 from hashring.ring import Node, Ring
 from hashring.settings import RingSettings
@@ -107,11 +107,7 @@ def ring_worker(stand_in, adapter_store, redis_server, tmp_path_factory):
 
 
 def refused_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there: a dial is refused at once
-    return port
+    return free_port()  # nothing listens there: a dial is refused at once
 
 
 async def silent_owner(stack: AsyncExitStack) -> tuple[str, asyncio.Event]:

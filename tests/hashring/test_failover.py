@@ -25,7 +25,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from hashring.embedded import EmbeddedRedis, _free_port, find_redis_server
+from hashring.embedded import EmbeddedRedis, find_redis_server
+from hashring.ports import free_port
 from hashring.errors import RingUnavailable
 from hashring.membership import Heartbeat
 from hashring.records import WorkerInfo
@@ -122,7 +123,7 @@ async def test_heartbeats_follow_a_failover_to_the_promoted_replica(ring_setting
 def sentinel_watching(primary: EmbeddedRedis, folder: Path):
     """One redis-server in Sentinel mode monitoring `primary` as service "fleet" (quorum 1: it alone
     decides), quick to call the primary down (1 s)."""
-    port = _free_port()
+    port = free_port()
     conf = folder / "sentinel.conf"
     conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
                     f"sentinel monitor fleet 127.0.0.1 {primary.port} 1\n"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import pytest
 import redis
 from typer.testing import CliRunner
 
 from hashring.cli import app
+from hashring.ports import free_port
 from hashring.records import WorkerInfo
 from hashring.settings import RingSettings
 from hashring.store import RingStore
@@ -122,9 +122,7 @@ def test_redis_url_comes_from_the_environment_and_outages_exit_75(cli_url):
     via_env = invoke("status", "--json", env={"VOICERING_REDIS_URL": cli_url})
     assert via_env.exit_code == 0 and json.loads(via_env.stdout)["in_ring"] == 1
 
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        closed_port = sock.getsockname()[1]
+    closed_port = free_port()  # a port nothing listens on
     dead = f"redis://:hunter2@127.0.0.1:{closed_port}/0"
     result = invoke("status", "--redis", dead)
     assert result.exit_code == 75 and "unreachable" in result.stderr

@@ -5,7 +5,6 @@ can still be retried keeps its checkpoints and caches, and loses them once it is
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 import soundfile as sf
 
 from gpu_worker.adapters.layout import STAGING_DIR
+from hashring.ports import free_port
 from lora_training.cleanup import clean_job, clip_cache_keys
 from lora_training.clips import Clip, ClipSet
 from lora_training.consumer import TrainWorker
@@ -113,9 +113,7 @@ def test_keys_read_before_the_uploads_went_still_find_the_clip_set(tmp_path):
 
 
 def _dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"ws://127.0.0.1:{s.getsockname()[1]}"  # nobody listens there once closed
+    return f"ws://127.0.0.1:{free_port()}"  # nobody listens there
 
 
 def test_a_job_keeps_its_checkpoints_and_caches_while_it_can_be_retried_and_not_after(

@@ -297,7 +297,7 @@ async def _settled(state: UpState, timeout_s: float = 30.0) -> None:
 async def _pinned_gateway(settings: UpSettings, state: UpState, worker_id: str) -> Child:
     """A second gateway with fixed routing to `worker_id` (no ring): what an app reaches when its
     gateway sits beside one worker. Same Redis, so the same tenant and key."""
-    from gpu_worker.process import free_port
+    from hashring.ports import free_port
 
     port = free_port()
     url = state.worker_urls[state.worker_ids.index(worker_id)]
