@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(VENV)/bin/voicering bench burst --json
 	$(VENV)/bin/voicering bench clone --json
 	$(VENV)/bin/voicering bench text --json
+	$(VENV)/bin/voicering bench alignment --json
 
 clean:
 	rm -rf $(VENV) out .cache

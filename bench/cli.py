@@ -88,6 +88,19 @@ def text(
     _emit(run(rounds=rounds), as_json)
 
 
+@app.command("alignment")
+def alignment(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    limit: int = typer.Option(0, min=0, help="Only the first N cases (0: all 144)."),
+    rounds: int = typer.Option(3, min=1, help="Times the CPU cost is measured over the cases."),
+) -> None:
+    """Word timings (gpu_worker.alignment) on espeak-ng speech with known word starts, six voices,
+    three rates and uneven pacing; livekit-agents' speaking-rate estimate beside it."""
+    from bench.alignment import run
+
+    _emit(run(limit=limit or None, rounds=rounds), as_json)
+
+
 @app.command("ring")
 def ring(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Lookup speed against uhashring, spread, movement, and routing under stale loads for 64 workers."""

@@ -43,7 +43,7 @@ SMOKED = {
     "codec": "here", "ring": "tests/hashring/test_ring_cli.py", "silence": "here", "worker": "here", "train": "here",
     "proxy": "here", "gateway": "here", "livekit": "here", "capacity": "tests/test_bench_capacity.py",
     "fleet": "tests/test_bench_fleet.py", "burst": "tests/test_bench_burst.py", "clone": "tests/test_bench_clone.py",
-    "text": "here",
+    "text": "here", "alignment": "here",
 }
 
 
@@ -152,6 +152,17 @@ def test_bench_livekit_runs():
     has_every(figures, *TARGETS, "plugin_ttfb_ms_p50", "direct_ttfb_ms_p50", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS)
     assert figures["config"]["turns"] == 10 and figures["failed_turns"] == 0
+
+
+@pytest.mark.timeout(300)
+def test_bench_alignment_runs():
+    from bench.alignment import TARGETS
+
+    figures = bench("alignment", "--limit", "8", "--rounds", "1", timeout_s=280)
+    has_every(figures, *TARGETS, "peer_word_start_error_ms_p50", "lag_behind_audio_ms_p50", "cpu_s_per_audio_s",
+              "by_condition", "targets_met")
+    assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["cases"] == 8
+    assert figures["words"] > 50 and figures["noise_estimated_share"] == 1.0
 
 
 @pytest.mark.timeout(300)

@@ -38,7 +38,7 @@ _SAME_LENGTH: Final = str.maketrans({
     "’": "'", "‘": "'", "ʼ": "'", "“": '"', "”": '"', "„": '"', "−": "-", "‐": "-", "‑": "-", "‒": "-",
     "\u200b": " ", "\ufeff": " ", "\u00ad": " ",
 })
-_SPOKEN_WORD: Final = re.compile(r"<[^<>\s]+>|[\w']+(?:-[\w']+)*")
+SPOKEN_WORD: Final = re.compile(r"<[^<>\s]+>|[\w']+(?:-[\w']+)*")  # a word or a kept tag (the aligner counts these)
 _WRITTEN_WORD: Final = re.compile(r"\S+")
 _NO_SPACE_BEFORE: Final = frozenset(",.;:!?)]…")
 _NO_SPACE_AFTER: Final = frozenset("([")
@@ -125,7 +125,7 @@ def words_of(placed: Sequence[tuple[Piece, int]], written_starts: Sequence[int],
     for piece, at in placed:  # punctuation has no words; a symbol said by name ("&" "and") has
         w_start, w_end = source_span(piece.start, piece.end) if source_span else (piece.start, piece.end)
         index = max(0, bisect.bisect_right(written_starts, w_start) - 1)
-        for m in _SPOKEN_WORD.finditer(piece.spoken):
+        for m in SPOKEN_WORD.finditer(piece.spoken):
             out.append(SpokenWord(m[0], offset + at + m.start(), offset + at + m.end(), w_start, w_end, index))
     return out
 
