@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING
 
 from gpu_worker.codec import NOISE_PERIOD_LATENT, LATENT_PER_FRAME, to_pcm16
 from gpu_worker.engine import SamplingOptions, SpeechEngine, Voice
-from gpu_worker.errors import (BacklogFull, BadRequest, EmptyText, IdleTimeout, PronunciationsUnavailable, SlowConsumer,
-                               TextTooLong, WorkerError)
+from gpu_worker.errors import (AlignmentUnavailable, BacklogFull, BadRequest, EmptyText, IdleTimeout,
+                               PronunciationsUnavailable, SlowConsumer, TextTooLong, WorkerError)
 from gpu_worker.orpheus import SAMPLE_RATE
-from gpu_worker.protocol import MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AudioChunk, Done, Error, Start, ContextStats
+from gpu_worker.protocol import (MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AlignedWord, Alignment, AudioChunk, ContextStats,
+                                 Done, Error, Start)
 from gpu_worker.scheduler import BatchedDecodeRunner, DecodeRunner
 from gpu_worker.speech import SegmentStats, speak_request
 from gpu_worker.text import Dictionary, apply, normalize
@@ -40,6 +41,7 @@ from gpu_worker.trace_context import parse as parse_traceparent
 
 if TYPE_CHECKING:
     from gpu_worker.adapters import AdapterCache
+    from gpu_worker.alignment import Aligner, CallerWords, SegmentWords, TimedWord
     from gpu_worker.metrics import WorkerMetrics
     from gpu_worker.pronunciations import PronunciationCache
 
@@ -98,6 +100,7 @@ class ContextDeps:
     metrics: WorkerMetrics | None = None
     worker_id: str = ""  # reported as `served_by` in every `done`
     pronunciations: PronunciationCache | None = None  # tenants' dictionaries from Redis (None: no Redis)
+    aligner: Aligner | None = None  # word timings (None: a start asking for them is refused)
 
 
 class Context:
@@ -138,6 +141,10 @@ class Context:
         if start.pronunciations:
             raise BadRequest("'pronunciations' names dictionaries, which only the gateway resolves; "
                              "a worker takes options.pronunciations (references the gateway makes)")
+        self.aligned = o.alignment == "word"  # the server allows it on version-2 connections only
+        if self.aligned and deps.aligner is None:
+            raise AlignmentUnavailable("this worker cannot time words (it runs without libespeak-ng, or with "
+                                       "alignment off); send the start without options.alignment")
         self.pronunciations = o.pronunciations or ()
         if self.pronunciations and deps.pronunciations is None:
             raise PronunciationsUnavailable("this worker has no Redis to read pronunciation dictionaries from "
@@ -154,6 +161,8 @@ class Context:
         self._first_queued_at: float | None = None
         self._ttfb_ms: float | None = None
         self._seq = 0
+        self._samples = 0  # audio samples sent so far: the clock word timings count on
+        self._timing: SegmentWords | None = None  # the segment being timed (word timings asked for)
         seed = self.options.seed if self.options.seed is not None else random.getrandbits(32)
         self._noise_offset = seed % (NOISE_PERIOD_LATENT // LATENT_PER_FRAME)
         if start.text:
@@ -278,7 +287,10 @@ class Context:
                 self._hold(-chars)
                 segments += 1
                 requests = await self.deps.engine.plan(self.voice, text, self.options.max_tokens, reading=reading)
+                words = await self._segment_words(text, dictionary) if self.aligned else None
                 for i, request in enumerate(requests):
+                    if words is not None:
+                        words.begin(request.text, self._samples / SAMPLE_RATE)
                     trimmer = self.deps.trim_factory() if (self.trim and self.deps.trim_factory) else None
                     seed = self.options.seed
                     options = self.options if seed is None else replace(self.options, seed=seed + stats.requests + 1)
@@ -289,12 +301,16 @@ class Context:
                             if trimmer is not None:
                                 audio = trimmer.push(audio)
                             if len(audio):
-                                await self._emit(audio)
+                                await self._emit(audio, words)
                     if trimmer is not None:
                         tail = trimmer.flush()
                         if len(tail):
-                            await self._emit(tail)
+                            await self._emit(tail, words)
                         dropped_ms += trimmer.result.dropped_ms
+                    if words is not None:
+                        words.end_piece()
+                if words is not None:
+                    await words.close(self._samples / SAMPLE_RATE)  # every word out before the next segment's
                 self._last_activity = time.monotonic()  # idle time counts from when speaking stopped
             audio_s = stats.samples / SAMPLE_RATE
             wall = time.perf_counter() - began
@@ -333,6 +349,8 @@ class Context:
             self._log.exception("context %s crashed", self.context_id)
             await self._send_final(Error("internal", f"internal error: {type(exc).__name__}", True, self.context_id))
         finally:
+            if self._timing is not None:
+                self._timing.cancel()  # a cancelled or failed context sends no more timings
             if acquired and self.deps.adapters is not None and self.voice is not None:
                 self.deps.adapters.release(self.voice)
             self._record(outcome, stats, time.perf_counter() - began)
@@ -359,10 +377,35 @@ class Context:
             requests=stats.requests, cut_by_length=stats.cut_by_length, spoke_to_end=stats.spoke_to_end,
         )
 
-    async def _emit(self, audio) -> None:
+    async def _emit(self, audio, words: SegmentWords | None = None) -> None:
         if self._ttfb_ms is None and self._first_queued_at is not None:
             self._ttfb_ms = round((time.perf_counter() - self._first_queued_at) * 1000.0, 2)
         if self._first_audio_at is None:
             self._first_audio_at = time.perf_counter()
         await self._send(AudioChunk(self.context_id, self._seq, to_pcm16(audio)))
         self._seq += 1
+        self._samples += len(audio)
+        if words is not None:  # after the audio: timings never precede what they describe
+            words.feed(audio)
+
+    async def _segment_words(self, text: str, dictionary: Dictionary | None) -> SegmentWords:
+        """The caller's words of one segment, read as the prompt reads them (off the loop); its
+        task is cancelled when the context ends however it ends (`run`)."""
+        assert self.deps.aligner is not None
+        caller = await self.deps.aligner.run(self._caller_words, text, dictionary)
+        words = self.deps.aligner.segment(caller, self._send_words)
+        self._timing = words
+        return words
+
+    def _caller_words(self, text: str, dictionary: Dictionary | None) -> CallerWords:
+        from gpu_worker.alignment import CallerWords
+
+        if self.normalizes:
+            return CallerWords.of(normalize(text, dictionary=dictionary))
+        return CallerWords.verbatim(apply(dictionary, text).text if dictionary is not None else text)
+
+    async def _send_words(self, words: list[TimedWord], estimated: bool) -> None:
+        if words and not self._ended:
+            await self._send(Alignment(self.context_id, tuple(AlignedWord(w.text, round(w.start_s, 3),
+                                                                          round(w.end_s, 3)) for w in words),
+                                       estimated=estimated))

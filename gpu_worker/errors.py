@@ -12,6 +12,8 @@ replica (or a later try) may succeed.
     ├── PronunciationNotFound (pronunciation_not_found, not retryable): a named dictionary is gone
     ├── PronunciationsUnavailable (pronunciations_unavailable): the worker cannot read dictionaries
     │                     (no Redis configured: not retryable; Redis unreachable: retryable)
+    ├── AlignmentUnavailable (alignment_unavailable, not retryable): word timings asked of a worker
+    │                     that has no aligner (libespeak-ng missing, or turned off)
     ├── AdapterError      (bad_adapter, not retryable): the voice's adapter failed validation
     ├── Busy              (busy, retryable): admission limit reached; `limit` says which one
     ├── SlowConsumer      (slow_consumer, not retryable): client stopped reading
@@ -82,6 +84,11 @@ class PronunciationsUnavailable(WorkerError):
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class AlignmentUnavailable(WorkerError):
+    code = "alignment_unavailable"
+    retryable = False
 
 
 class AdapterError(WorkerError):

@@ -75,6 +75,9 @@ class ContextOptions:
     # resolved pronunciation dictionaries, applied in order before normalization (the first named wins
     # where two rewrite the same word); set by the gateway. None: none (left off the wire)
     pronunciations: tuple[PronunciationRef, ...] | None = None
+    # (v2) "word": send `alignment` messages, when each word of the text is spoken (docs/alignment.md);
+    # a version-1 connection asking for them is refused. None: no timings (left off the wire)
+    alignment: Literal["word"] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +194,29 @@ class Rejected:
     type: Literal["rejected"] = "rejected"
 
 
-ServerMessage = Opened | Done | Error | Rejected
+@dataclass(frozen=True, slots=True)
+class AlignedWord:
+    """One word of the caller's text as written ("$5", not "five dollars") and when it is spoken:
+    seconds from the context's first audio sample."""
+
+    text: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Alignment:
+    """(v2) Words of the context's text, in order, each timed once and never revised, sent after the
+    audio they describe (docs/alignment.md). ``estimated``: the audio did not sound like speech (the
+    stand-in model's noise), so these are a reference reading's times stretched to its length."""
+
+    context_id: str
+    words: tuple[AlignedWord, ...]
+    estimated: bool = False
+    type: Literal["alignment"] = "alignment"
+
+
+ServerMessage = Opened | Done | Error | Rejected | Alignment
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,18 +244,19 @@ class AudioChunk:
 
 
 _CLIENT_TYPES: dict[str, type] = {"start": Start, "text": PushText, "flush": Flush, "end": End, "cancel": Cancel}
-_SERVER_TYPES: dict[str, type] = {"opened": Opened, "done": Done, "error": Error, "rejected": Rejected}
+_SERVER_TYPES: dict[str, type] = {"opened": Opened, "done": Done, "error": Error, "rejected": Rejected,
+                                  "alignment": Alignment}
 # Version-2 fields, left out of a message while they hold these values: a version-1 peer gets (and a
 # version-1 worker accepts) exactly the version-1 bytes. An untraced start leaves out `traceparent` too.
 _V2_ABSENT: Final[Mapping[str, object]] = {"insist": False, "load": None, "limit": None, "traceparent": None,
-                                            "pronunciations": None}
+                                            "pronunciations": None, "estimated": False}
 # Likewise the trace ids of `done.stats` when there are none (a cancelled context's empty stats).
 _STATS_ABSENT: Final[Mapping[str, object]] = {"trace_id": "", "span_id": ""}
 # Fields nested in a message, left out while they hold these values: `start.options.normalize` and
 # `.pronunciations` unset (older workers refuse an option they do not know), `done.stats`'s trace
 # ids when there are none.
 _NESTED_ABSENT: Final[Mapping[str, Mapping[str, object]]] = {
-    "options": {"normalize": None, "pronunciations": None}, "stats": _STATS_ABSENT}
+    "options": {"normalize": None, "pronunciations": None, "alignment": None}, "stats": _STATS_ABSENT}
 
 
 def encode(message: ClientMessage | ServerMessage) -> str:
@@ -323,6 +349,8 @@ def _validate_options(o: ContextOptions) -> ContextOptions:
         raise BadRequest("option 'trim_silence' must be true or false")
     if o.normalize is not None and not isinstance(o.normalize, bool):
         raise BadRequest("option 'normalize' must be true or false")
+    if o.alignment not in (None, "word"):
+        raise BadRequest(f"option 'alignment' must be \"word\" (or left out), got {_shown(o.alignment)}")
     if o.pronunciations is not None:
         o = replace(o, pronunciations=_refs(o.pronunciations))
     return o
@@ -438,6 +466,8 @@ def parse_server(raw: str) -> ServerMessage:
     known = _known(cls, payload)
     if cls is Done:
         known["stats"] = ContextStats(**_known(ContextStats, payload["stats"]))
+    if cls is Alignment:
+        known["words"] = tuple(AlignedWord(**_known(AlignedWord, w)) for w in payload["words"])
     return cls(**known)
 
 
@@ -447,4 +477,4 @@ def _known(cls: type, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 _SERVER_FIELDS: Final[Mapping[type, frozenset[str]]] = {
-    cls: frozenset(f.name for f in fields(cls)) for cls in (*_SERVER_TYPES.values(), ContextStats)}
+    cls: frozenset(f.name for f in fields(cls)) for cls in (*_SERVER_TYPES.values(), ContextStats, AlignedWord)}

@@ -44,11 +44,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Literal
 
 from gpu_worker.client import WorkerRequestError
 from gpu_worker.errors import WorkerError
-from gpu_worker.protocol import AudioChunk, Done, Error, Start
+from gpu_worker.protocol import Alignment, AudioChunk, Done, Error, Start
 from gpu_worker.context import END_OF_SEGMENTS, Backlog, Context, ContextDeps, Send
 from gpu_worker.settings import RELAY_TIMEOUT_S
 from gpu_worker.trace_context import current, log_hop
@@ -219,7 +220,10 @@ class RelayedContext(Context):
 
     async def _relay(self, stream: PoolStream) -> None:
         metrics = self.deps.metrics
-        async for pcm in stream.audio():
+        async for pcm in stream.events():
+            if isinstance(pcm, Alignment):  # the owner's word timings, in order with its audio
+                await self._send(replace(pcm, context_id=self.context_id))
+                continue
             self._owner = stream.worker_id or ""
             if not self._relayed_audio:
                 self._first_audio_at = time.perf_counter()

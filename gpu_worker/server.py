@@ -326,6 +326,9 @@ class WorkerServer:
             raise BadRequest(f"context '{start.context_id}' is already active on this connection; "
                              "this start was ignored and the live context carries on")
         try:
+            if start.options.alignment is not None and conn.version < 2:
+                raise BadRequest("options.alignment needs protocol version 2 (send the handshake header "
+                                 f"'{PROTOCOL_HEADER}: 2'): a version-1 connection gets only the version-1 messages")
             route = self.forwarder.decide(start) if self.forwarder is not None else "serve"
             relay = route == "relay"
             ctx = _Slot(start.context_id, self.admission.admit(start, conn.live_count(), relay=relay))

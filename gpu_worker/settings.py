@@ -94,6 +94,10 @@ class WorkerSettings(BaseSettings):
     constraint: Literal["fused", "mask", "off"] = _SAMPLING.constraint
     trim_silence: bool = Field(True, description="drop head silence of each segment (silence_trim's streaming gate)")
     trim_max_drop_ms: float = Field(1500.0, ge=0, description="most head silence the gate may drop per segment")
+    alignment: bool = Field(True, description="offer word timings (a start's options.alignment; docs/alignment.md): "
+                                              "needs libespeak-ng, without which the worker logs it and refuses them")
+    alignment_threads: int = Field(1, ge=1, le=64, description="threads timing words off the event loop (each "
+                                   "aligns ~60 streams' audio in real time on one CPU core)")
     # hash ring membership: register and heartbeat when a Redis URL is given
     redis_url: str | None = Field(None, description="join the voicering hash ring in this Redis")
     pronunciation_cache_size: int = Field(DEFAULT_PRONUNCIATION_CACHE, ge=1, description="tenants' pronunciation "

@@ -8,6 +8,7 @@ import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from gpu_worker.adapters import AdapterCache, AdapterStore
 from gpu_worker.cluster import drain, join_cluster
@@ -25,6 +26,9 @@ from gpu_worker.scheduler import MAX_BATCH, TICK_S, make_decode_runner
 from gpu_worker.server import WorkerServer
 from gpu_worker.context import ContextLimits, ContextDeps
 from gpu_worker.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from gpu_worker.alignment import Aligner
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,20 @@ def trim_factory(settings: WorkerSettings) -> Callable[[], object] | None:
 
     options = StreamOptions(max_drop_ms=settings.trim_max_drop_ms, max_hold_ms=max(2000.0, settings.trim_max_drop_ms + 500.0))
     return lambda: StreamTrimmer(SAMPLE_RATE, options)
+
+
+def word_aligner(settings: WorkerSettings) -> Aligner | None:
+    """The word aligner (one espeak-ng and silero session for the process), or None when alignment
+    is off or libespeak-ng is missing: then a start asking for timings gets `alignment_unavailable`."""
+    if not settings.alignment:
+        return None
+    from gpu_worker.alignment import Aligner, EspeakMissing
+
+    try:
+        return Aligner(SAMPLE_RATE, threads=settings.alignment_threads)
+    except EspeakMissing as err:
+        log.warning("word timings are off: %s", err)
+        return None
 
 
 def adapter_store(settings: WorkerSettings) -> AdapterStore:
@@ -118,9 +136,10 @@ async def _serve(settings: WorkerSettings, ready: asyncio.Event | None) -> None:
     metrics.bind(engine_queue=lambda: engine.waiting, codec_queue=lambda: runner.pending,
                  adapters_resident=lambda: len(adapters.resident))
     pronunciations = pronunciation_cache(settings, metrics)
+    aligner = word_aligner(settings)
     deps = ContextDeps(engine, runner, sampling_defaults(settings), context_limits(settings),
                        trim_factory=trim_factory(settings), adapters=adapters, metrics=metrics, worker_id=settings.worker_id,
-                       pronunciations=pronunciations)
+                       pronunciations=pronunciations, aligner=aligner)
     server = WorkerServer(settings, deps)
     if settings.prewarm_voices:
         report = await adapters.prewarm(settings.prewarm_voices)
@@ -162,6 +181,8 @@ async def _serve(settings: WorkerSettings, ready: asyncio.Event | None) -> None:
         await runner.aclose()
         if pronunciations is not None:
             await _step("closing the pronunciation cache", pronunciations.aclose())
+        if aligner is not None:
+            aligner.close()
         await engine.aclose()
     if dead:
         raise EngineError("the vLLM engine core died while serving (its log is above): this worker left the ring "

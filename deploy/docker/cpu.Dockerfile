@@ -28,9 +28,10 @@ RUN /opt/voicering/venv/bin/pip install --upgrade pip \
  && /opt/voicering/venv/bin/python -c "import vllm, transformers, peft, snac"
 
 FROM ${PYTHON_IMAGE}
-# g++ and libgomp1: torch's CPU backend; libnuma1: vLLM's CPU worker; tini: PID 1, forwards SIGTERM.
+# g++ and libgomp1: torch's CPU backend; libnuma1: vLLM's CPU worker; libespeak-ng1: the word
+# aligner's reference reading (docs/alignment.md); tini: PID 1, forwards SIGTERM.
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends g++ libgomp1 libnuma1 libsndfile1 tini \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends g++ libgomp1 libnuma1 libsndfile1 libespeak-ng1 tini \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 voicering \
  && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/voicering voicering \

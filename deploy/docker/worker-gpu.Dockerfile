@@ -28,9 +28,10 @@ RUN /opt/voicering/venv/bin/pip install --upgrade pip \
 FROM ${CUDA_IMAGE}
 # gcc, libc6-dev and python3-dev: Triton (under vLLM and torch.compile) builds its launchers at first use.
 # tini runs as PID 1 and forwards SIGTERM to the worker only (not its process group): the worker
-# drains and then stops its own vLLM engine processes.
+# drains and then stops its own vLLM engine processes. libespeak-ng1: the word aligner's reference
+# reading (docs/alignment.md; without it a start asking for timings gets alignment_unavailable).
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-dev gcc libc6-dev libsndfile1 tini \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-dev gcc libc6-dev libsndfile1 libespeak-ng1 tini \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 voicering \
  && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/voicering voicering \

@@ -20,7 +20,10 @@ accepted (so clients that send it work) and not applied; emotion tags in `input`
 same seed gives the same audio), `max_tokens` (a cap on generated audio tokens, 7 per 85 ms
 frame), `normalize` (false: the text is read as written) and `pronunciations` (up to 3 of the
 tenant's pronunciation dictionaries by name, resolved here to the references the worker reads
-them by: 404 `pronunciation_not_found` for a name the tenant does not have).
+them by: 404 `pronunciation_not_found` for a name the tenant does not have) and `alignment`
+(`"word"`, with `stream_format: "sse"` only, else 400: `speech.alignment` events between the audio
+deltas, each word of `input` as written with its `start_s`/`end_s` on the audio's clock, divided by
+`speed`; docs/alignment.md). Without it the SSE stream is OpenAI's, byte for byte.
 
 A failure after the first audio cannot change the status any more, so it is made impossible to
 miss instead: SSE ends with an `error` event (OpenAI's error object) and no `speech.audio.done`;
@@ -64,7 +67,7 @@ from gateway.api.state import Gateway
 from gateway.settings import GatewaySettings
 from gateway.tenants import Tenant, TenantError
 from gpu_worker.client import PoolStream, WorkerRequestError
-from gpu_worker.protocol import MAX_PRONUNCIATIONS, ContextOptions
+from gpu_worker.protocol import MAX_PRONUNCIATIONS, AlignedWord, Alignment, ContextOptions
 from gpu_worker.trace_context import Hop, TraceContext, current, log_hop, parse
 
 TRACE_HEADER = "traceparent"
@@ -108,6 +111,7 @@ class SpeechRequest(BaseModel):
     normalize: bool = True  # voicering: false speaks `input` as written (numbers, dates... not read out by us)
     # voicering: the tenant's pronunciation dictionaries to apply, by name, before normalization
     pronunciations: list[str] | None = Field(None, max_length=MAX_PRONUNCIATIONS)
+    alignment: Literal["word"] | None = None  # voicering: `speech.alignment` events (SSE only)
 
     @field_validator("input")
     @classmethod
@@ -162,6 +166,9 @@ async def create_speech(request: Request, tenant: Annotated[Tenant, Depends(call
     if len(body.input) > limit:
         raise ApiError(400, f"input is {len(body.input)} characters; the most is {limit}: split the text",
                        param="input", code="string_above_max_length")
+    if body.alignment is not None and body.stream_format != "sse":
+        raise ApiError(400, "alignment is sent as speech.alignment events of the SSE stream: set stream_format "
+                            "to \"sse\" (or leave alignment out)", param="alignment", code="invalid_value")
     if body.model not in MODELS:
         raise ApiError(404, f"The model '{body.model}' does not exist; use one of {', '.join(MODELS)}",
                        type="not_found_error", param="model", code="model_not_found")
@@ -174,10 +181,11 @@ async def create_speech(request: Request, tenant: Annotated[Tenant, Depends(call
         stream = await gateway.pool.start(voice_id, body.input, traceparent=trace.traceparent,
                                           options=ContextOptions(seed=body.seed, max_tokens=body.max_tokens,
                                                                  normalize=None if body.normalize else False,
-                                                                 pronunciations=refs or None))
+                                                                 pronunciations=refs or None,
+                                                                 alignment=body.alignment))
         run.stream = stream
         await stream.end()
-        audio = stream.audio()
+        audio = stream.events()  # word timings (asked for with SSE only) come in order with the audio
         first = await anext(audio, None)
         first_audio = time.perf_counter()
     except WorkerRequestError as exc:
@@ -261,9 +269,10 @@ class _Run:
                                first_audio=self.first_sent, outcome=self.outcome))
 
 
-async def _encoded(run: _Run, body: SpeechRequest, first: bytes | None, rest: AsyncIterator[bytes],
-                   received: float) -> AsyncIterator[bytes]:
-    """The encoded response body, chunk by chunk as the worker's audio arrives."""
+async def _encoded(run: _Run, body: SpeechRequest, first: bytes | Alignment | None,
+                   rest: AsyncIterator[bytes | Alignment], received: float) -> AsyncIterator[bytes | Alignment]:
+    """The encoded response body, chunk by chunk as the worker's audio arrives; word timings
+    (only when asked for, so only on SSE) pass through on the stretched clock."""
     encoder = open_encoder(body.response_format, SAMPLE_RATE)
     speed = SpeedChanger(body.speed, SAMPLE_RATE)
     ttfb = run.gateway.metrics.ttfb.labels("speech", body.response_format)
@@ -271,6 +280,9 @@ async def _encoded(run: _Run, body: SpeechRequest, first: bytes | None, rest: As
 
     try:
         async for pcm in _chain(first, rest):
+            if isinstance(pcm, Alignment):
+                yield _stretched(pcm, body.speed)
+                continue
             run.pcm_bytes += len(pcm)  # billed as generated, whatever `speed` makes of it
             out = encoder.feed(speed.feed(pcm))
             if out:
@@ -295,16 +307,27 @@ async def _encoded(run: _Run, body: SpeechRequest, first: bytes | None, rest: As
         speed.close()
 
 
-async def _chain(first: bytes | None, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+def _stretched(timed: Alignment, speed: float) -> Alignment:
+    """Word times on the audio the caller gets: `speed` plays it faster (or slower)."""
+    words = tuple(AlignedWord(w.text, round(w.start_s / speed, 3), round(w.end_s / speed, 3)) for w in timed.words)
+    return Alignment(timed.context_id, words, timed.estimated)
+
+
+async def _chain(first, rest: AsyncIterator):  # noqa: ANN001, ANN202 - audio and timings alike
     if first is not None:
         yield first
     async for pcm in rest:
         yield pcm
 
 
-async def _sse(run: _Run, encoded: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _sse(run: _Run, encoded: AsyncIterator[bytes | Alignment]) -> AsyncIterator[bytes]:
     try:
         async for data in encoded:
+            if isinstance(data, Alignment):
+                words = [{"text": w.text, "start_s": w.start_s, "end_s": w.end_s} for w in data.words]
+                extra = {"estimated": True} if data.estimated else {}
+                yield _event({"type": "speech.alignment", "words": words, **extra})
+                continue
             yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
     except SpeechTruncated as exc:  # an `error` event instead of `done`: the SDKs raise on it
         yield _event({"type": "error", **exc.error.body()})

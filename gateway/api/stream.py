@@ -68,8 +68,8 @@ from gateway.quotas import StreamSlot
 from gateway.tenants import Tenant, TenantError
 from gpu_worker.client import PoolStream, WorkerRequestError
 from gpu_worker.errors import BadMessage
-from gpu_worker.protocol import (MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AudioChunk, Cancel, ClientMessage, Done, End,
-                                 Error, Flush, PushText, Rejected, Start, encode, parse_client)
+from gpu_worker.protocol import (MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, Alignment, AudioChunk, Cancel, ClientMessage,
+                                 Done, End, Error, Flush, PushText, Rejected, Start, encode, parse_client)
 from gpu_worker.trace_context import Hop, TraceContext, current, log_hop, parse
 
 __all__ = ["router"]
@@ -338,7 +338,10 @@ class _Session:
         assert stream is not None
         seq = 0
         try:
-            async for pcm in stream.audio():
+            async for pcm in stream.events():
+                if isinstance(pcm, Alignment):  # word timings the caller asked for, after their audio
+                    await self._send(encode(replace(pcm, context_id=ctx.id)))
+                    continue
                 if seq == 0:
                     ctx.first_audio_at = time.perf_counter()
                     self.gateway.metrics.ttfb.labels("stream", "pcm").observe(ctx.first_audio_at - began)

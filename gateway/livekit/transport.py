@@ -1,7 +1,7 @@
 """The plugin's seam to the fleet: open a context, feed it text, read its audio.
 
     Transport.open(voice, text, options) -> Opened(context, acquire_s, connection_reused)
-    Context: push(text) / flush() / end() / cancel() / audio() -> PCM chunks / done
+    Context: push(text) / flush() / end() / cancel() / audio() -> PCM chunks (events(): and word timings) / done
 
 Two implementations, one plugin:
 - `PoolTransport`: inside the platform, over `gpu_worker.client.pool.WorkerPool` (ring routing or a fixed
@@ -33,7 +33,7 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 
 from gpu_worker.client import (ContextStream, PoolSettings, RingPool, RingRouter, WorkerClient, WorkerConnectionLost,
                                WorkerPool, WorkerRequestError, ring_pool)
-from gpu_worker.protocol import Done, Error, ContextOptions
+from gpu_worker.protocol import Alignment, ContextOptions, Done, Error
 from hashring.errors import RingError
 from hashring.membership import RingWatcher
 from hashring.settings import RingSettings
@@ -56,6 +56,10 @@ class Context(Protocol):
 
     def audio(self) -> AsyncIterator[bytes]:
         """24 kHz mono s16le chunks until `done`; raises `WorkerRequestError` if the context fails."""
+        ...
+
+    def events(self) -> AsyncIterator[bytes | Alignment]:
+        """`audio()` with the context's word timings (`Alignment`) in order among the chunks."""
         ...
 
 
@@ -235,9 +239,14 @@ class _GatewayContext:
         await self._guard(self._stream.cancel())
 
     async def audio(self) -> AsyncIterator[bytes]:
+        async for item in self.events():
+            if isinstance(item, bytes):
+                yield item
+
+    async def events(self) -> AsyncIterator[bytes | Alignment]:
         try:
-            async for pcm in self._stream.audio():
-                yield pcm
+            async for item in self._stream.events():
+                yield item
         except WorkerConnectionLost:
             heard = self._stream.first_audio_at is not None
             raise WorkerRequestError(Error("worker_lost" if heard else "no_worker",

@@ -26,6 +26,12 @@ naming the voice; `bad_request`/`empty_text` 400, `text_too_long` 413, `bad_adap
 retryable); `worker_lost` and every error after the first audio -> not retryable. `body` holds
 ``{"code", "voice"}``.
 
+**Aligned transcripts** (`aligned_transcript=True`, the default): every context asks the worker
+for word timings (`alignment: "word"`, docs/alignment.md), and each timed word is pushed to the
+framework as a `TimedString` ("word " with `start_time`/`end_time` on the turn's audio clock), so
+livekit's transcription sync follows the voice and an interruption keeps in the chat history
+only the words played. `aligned_transcript=False` leaves it to livekit's speaking-rate estimate.
+
 **Metrics**: the framework's `metrics_collected` (`TTSMetrics`: TTFB from the first text sent,
 audio duration, ...) with `acquire_time` (routing + connection + start) and `connection_reused`
 (no handshake was needed) filled in by this plugin.
@@ -39,13 +45,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from livekit.agents import APIConnectionError, APIConnectOptions, APIError, APIStatusError, APITimeoutError, tts, utils
-from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS
+from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, TimedString
 
 from gateway.livekit.log import logger as log  # livekit.plugins.voicering
 from gateway.livekit.sentences import DEFAULT_MIN_SENTENCE_CHARS, SentenceSplitter
 from gateway.livekit.transport import Opened, PoolTransport, Transport, Context
 from gpu_worker.client import PoolSettings, WorkerRequestError
-from gpu_worker.protocol import Done, ContextOptions
+from gpu_worker.protocol import Alignment, ContextOptions, Done
 from hashring.errors import InvalidVoiceId
 from hashring.membership import RingWatcher
 from hashring.records import check_voice_id
@@ -105,17 +111,21 @@ class TTS(tts.TTS):
                  transport: Transport | None = None, cluster_token: str | None = None,
                  options: ContextOptions | None = None, ring_settings: RingSettings | None = None,
                  pool_settings: PoolSettings | None = None,
-                 min_sentence_chars: int = DEFAULT_MIN_SENTENCE_CHARS) -> None:
+                 min_sentence_chars: int = DEFAULT_MIN_SENTENCE_CHARS, aligned_transcript: bool = True) -> None:
         """Exactly one of ``ring`` (Redis URL or running `RingWatcher`), ``workers`` (URLs) or
         ``transport``. ``cluster_token``: the workers' `VOICERING_WORKER_CLUSTER_TOKEN`.
-        ``ring_settings``: the fleet's (prefix, vnodes, replicas); ``options``: per-context knobs."""
-        super().__init__(capabilities=tts.TTSCapabilities(streaming=True), sample_rate=SAMPLE_RATE,
-                         num_channels=NUM_CHANNELS)
+        ``ring_settings``: the fleet's (prefix, vnodes, replicas); ``options``: per-context knobs.
+        ``aligned_transcript``: word timings from the workers for livekit's transcript."""
+        super().__init__(capabilities=tts.TTSCapabilities(streaming=True, aligned_transcript=aligned_transcript),
+                         sample_rate=SAMPLE_RATE, num_channels=NUM_CHANNELS)
         if sum(x is not None for x in (ring, workers, transport)) != 1:
             raise ValueError("give exactly one of ring= (a Redis URL or RingWatcher), workers= (URLs) or transport=")
         if min_sentence_chars < 0:
             raise ValueError("min_sentence_chars must be >= 0")
-        self._opts = TTSOptions(_voice(voice), options or ContextOptions(), min_sentence_chars)
+        options = options or ContextOptions()
+        if aligned_transcript and options.alignment is None:
+            options = replace(options, alignment="word")
+        self._opts = TTSOptions(_voice(voice), options, min_sentence_chars)
         if ring is not None:
             transport = PoolTransport.ring(ring, settings=ring_settings, token=cluster_token, pool_settings=pool_settings)
         elif workers is not None:
@@ -148,7 +158,8 @@ class TTS(tts.TTS):
         if voice is not None:
             changes["voice"] = _voice(voice)
         if options is not None:
-            changes["context"] = options
+            aligned = self.capabilities.aligned_transcript and options.alignment is None
+            changes["context"] = replace(options, alignment="word") if aligned else options
         if min_sentence_chars is not None:
             if min_sentence_chars < 0:
                 raise ValueError("min_sentence_chars must be >= 0")
@@ -204,6 +215,7 @@ class _Speech:
         self._conn_options = conn_options
         self.opened: Opened | None = None
         self.audio_pushed = False
+        self.alignments: list[Alignment] = []  # the word timings pushed, as the worker sent them
 
     @property
     def context(self) -> Context | None:
@@ -250,8 +262,13 @@ class _Speech:
         context = self.context
         assert context is not None
         try:
-            async for pcm in context.audio():
-                self._emitter.push(pcm)
+            async for item in context.events():
+                if isinstance(item, Alignment):  # "word " as livekit's aligned TTS plugins send them
+                    self._emitter.push_timed_transcript([TimedString(f"{w.text} ", start_time=w.start_s,
+                                                                     end_time=w.end_s) for w in item.words])
+                    self.alignments.append(item)
+                    continue
+                self._emitter.push(item)
                 self.audio_pushed = True
         except WorkerRequestError as exc:
             raise api_error(exc, self._opts.voice, after_audio=self.audio_pushed) from exc

@@ -2,8 +2,9 @@
 
 The aligner's reference (what a text sounds like, word by word) and the alignment bench's truth
 both come from here. The command line cannot give word positions; the library reports a WORD
-event with the sample each word starts at. The library keeps one global synthesizer, so one
-`Espeak` per process is shared and every call holds its lock.
+event with the sample each word starts at. The library is one synthesizer per process: every
+`Espeak` holds the process's one lock while it speaks and points the library's callback at
+itself first, so two of them (the worker's aligner and a test's) never take each other's audio.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ _CHARS_UTF8 = 1
 _SSML = 0x10
 _RATE = 1  # espeakRATE, words per minute
 _LIBRARY = "libespeak-ng.so.1"
+_SYNTHESIZER = threading.Lock()  # the library's one synthesizer, whichever Espeak drives it
 
 
 class EspeakMissing(RuntimeError):
@@ -61,26 +63,26 @@ class Spoken:
 
 
 class Espeak:
-    """`Espeak().speak(text, voice="en-us", wpm=175)`; thread-safe (one synthesis at a time)."""
+    """`Espeak().speak(text, voice="en-us", wpm=175)`; thread-safe (one synthesis at a time in the process)."""
 
     def __init__(self, library: str = _LIBRARY) -> None:
         try:
             self._lib = ctypes.CDLL(ctypes.util.find_library("espeak-ng") or library)
         except OSError as err:
             raise EspeakMissing(f"libespeak-ng is not installed ({err}): apt-get install espeak-ng") from None
-        self._lock = threading.Lock()
         self._pcm: list[np.ndarray] = []
         self._words: list[WordEvent] = []
         self._callback = _Callback(self._on_audio)  # kept: the library holds only a pointer to it
-        self.sample_rate = self._lib.espeak_Initialize(_SYNCHRONOUS, 0, None, 0)
+        with _SYNTHESIZER:
+            self.sample_rate = self._lib.espeak_Initialize(_SYNCHRONOUS, 0, None, 0)
         if self.sample_rate <= 0:
             raise EspeakMissing("libespeak-ng did not initialize (no espeak-ng-data?): apt-get install espeak-ng")
-        self._lib.espeak_SetSynthCallback(self._callback)
 
     def speak(self, text: str, *, voice: str = "en-us", wpm: int = 175, ssml: bool = False) -> Spoken:
         """`text` spoken; word positions count characters of `text` (SSML markup included)."""
         data = text.encode("utf-8")
-        with self._lock:
+        with _SYNTHESIZER:
+            self._lib.espeak_SetSynthCallback(self._callback)
             self._pcm, self._words = [], []
             if self._lib.espeak_SetVoiceByName(voice.encode()) != 0:
                 raise ValueError(f"espeak-ng has no voice {voice!r}")

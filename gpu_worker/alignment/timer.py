@@ -101,7 +101,7 @@ class WordTimer:
             start_frame = self._voiced_from(start_frame, end_frame)
             start = max(self._floor, start_frame * HOP_S)
             stop = max(start, end_frame * HOP_S)
-            out.append(WordTime(i, round(start, 3), round(stop, 3)))
+            out.append(WordTime(i, round(float(start), 3), round(float(stop), 3)))
             self._floor = start
         self._sent = upto
         self._dtw.forget_before(int(self._floor / HOP_S) - _SLACK_FRAMES)
@@ -121,7 +121,8 @@ class WordTimer:
         scale = (self.samples / self.sample_rate) / max(ref.duration_s, HOP_S)
         out = []
         for i in range(self._sent, len(ref.words)):
-            start = max(self._floor, ref.starts[i] * HOP_S * scale)
-            out.append(WordTime(i, round(start, 3), round(max(start, ref.ends[i] * HOP_S * scale), 3), estimated=True))
+            start = float(max(self._floor, ref.starts[i] * HOP_S * scale))
+            end = float(max(start, ref.ends[i] * HOP_S * scale))
+            out.append(WordTime(i, round(start, 3), round(end, 3), estimated=True))
         self._sent = len(ref.words)
         return out

@@ -60,6 +60,14 @@ class CallerWords:
         spans = spoken_spans(text)
         return cls(spans, [WordGroup(text[a:b], i, i) for i, (a, b) in enumerate(spans)])
 
+    def rest(self, at_s: float) -> list[TimedWord]:
+        """The words no spoken time completed (a piece whose words the request text cut differently),
+        each at `at_s`, so every word of the text is sent."""
+        out = [TimedWord(g.text, self._start if self._start is not None and i == self._next else at_s, at_s)
+               for i, g in enumerate(self.groups[self._next:], start=self._next)]
+        self._next, self._start = len(self.groups), None
+        return out
+
     def push(self, timed: Iterable[tuple[int, float, float]]) -> list[TimedWord]:
         """(spoken word number, start_s, end_s), numbers in order -> the caller's words they complete."""
         out = []

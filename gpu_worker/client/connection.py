@@ -16,12 +16,15 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from gpu_worker.protocol import (
+    PROTOCOL_HEADER,
+    Alignment,
     AudioChunk,
     Cancel,
     Done,
     End,
     Error,
     Flush,
+    Opened,
     PushText,
     Rejected,
     Start,
@@ -73,8 +76,24 @@ async def collect(stream) -> Speech:  # noqa: ANN001 - any stream with end(), au
     return Speech(b"".join(chunks), stream.done, ttfb, len(chunks))
 
 
+class AudioEvents:
+    """What a context's stream reads out: `audio()`, its PCM chunks (word timings gathered in
+    `alignments`), or `events()`, the chunks and the `Alignment`s in the order they came."""
+
+    __slots__ = ()
+
+    def audio(self) -> AsyncIterator[bytes]:
+        return self._items(words=False)
+
+    def events(self) -> AsyncIterator[bytes | Alignment]:
+        return self._items(words=True)
+
+    def _items(self, *, words: bool) -> AsyncIterator[bytes | Alignment]:
+        raise NotImplementedError
+
+
 @dataclass(slots=True)
-class ContextStream:
+class ContextStream(AudioEvents):
     """The client side of one context: iterate PCM chunks, then `done` holds the worker's stats."""
 
     context_id: str
@@ -84,6 +103,7 @@ class ContextStream:
     started_at: float = field(default_factory=time.perf_counter)
     first_audio_at: float | None = None
     rejected: list[Rejected] = field(default_factory=list)  # messages of this context the worker refused
+    alignments: list[Alignment] = field(default_factory=list)  # (v2) word timings, as `audio()` passed them
 
     async def push(self, text: str) -> None:
         await self._client._send(PushText(self.context_id, text))
@@ -97,13 +117,18 @@ class ContextStream:
     async def cancel(self) -> None:
         await self._client._send(Cancel(self.context_id))
 
-    async def audio(self) -> AsyncIterator[bytes]:
+    async def _items(self, *, words: bool) -> AsyncIterator[bytes | Alignment]:
         while True:
             item = await self._queue.get()
             if isinstance(item, AudioChunk):
                 if self.first_audio_at is None:
                     self.first_audio_at = time.perf_counter()
                 yield item.pcm
+            elif isinstance(item, Alignment):
+                if words:
+                    yield item
+                else:
+                    self.alignments.append(item)
             elif isinstance(item, Done):
                 self.done = item
                 return
@@ -123,10 +148,14 @@ class WorkerClient:
         self.connection_errors_total = 0
 
     @classmethod
-    async def connect(cls, url: str, *, open_timeout: float = 10.0, token: str | None = None) -> WorkerClient:
-        """``token``: the workers' cluster token, when they require one."""
-        headers = {"Authorization": f"Bearer {token}"} if token else None
-        return cls(await connect(url, max_size=1 << 22, open_timeout=open_timeout, additional_headers=headers))
+    async def connect(cls, url: str, *, open_timeout: float = 10.0, token: str | None = None,
+                      version: int = 1) -> WorkerClient:
+        """``token``: the workers' cluster token, when they require one. ``version`` 2 asks for the
+        version-2 messages (`opened`, word timings); a stream's `alignments` gather its timings."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if version >= 2:
+            headers[PROTOCOL_HEADER] = str(version)
+        return cls(await connect(url, max_size=1 << 22, open_timeout=open_timeout, additional_headers=headers or None))
 
     @property
     def closed(self) -> bool:
@@ -172,8 +201,11 @@ class WorkerClient:
                 if isinstance(message, Rejected):  # one message refused; the stream carries on
                     stream.rejected.append(message)
                     continue
-                stream._queue.put_nowait(message)
-                self._streams.pop(message.context_id, None)
+                if isinstance(message, Opened):
+                    continue
+                stream._queue.put_nowait(message)  # an alignment in order with the audio it follows
+                if isinstance(message, Done | Error):
+                    self._streams.pop(message.context_id, None)
         except ConnectionClosed:
             pass
         finally:

@@ -44,10 +44,10 @@ from dataclasses import replace
 
 from websockets.exceptions import ConnectionClosed
 
-from gpu_worker.client.connection import WorkerRequestError
+from gpu_worker.client.connection import AudioEvents, WorkerRequestError
 from gpu_worker.client.links import DIAL_ERRORS, Attempt, Links, Peer, Received
 from gpu_worker.client.types import NoWorkerAvailable, NoWorkerServing, WorkerLost
-from gpu_worker.protocol import Cancel, ClientMessage, Done, End, Error, Flush, PushText, Rejected, Start
+from gpu_worker.protocol import Alignment, Cancel, ClientMessage, Done, End, Error, Flush, PushText, Rejected, Start
 from hashring.records import WorkerInfo
 
 __all__ = ["PoolStream"]
@@ -57,9 +57,10 @@ log = logging.getLogger(__name__)
 _FAILURE_CODES = frozenset({"engine_error", "internal"})  # worker-side failures that count toward ejection
 
 
-class PoolStream:
-    """One context through the pool: push/flush/end/cancel, then iterate `audio()`; `done` holds
-    the worker's stats. `worker_id` is the worker serving it now, `attempts` the tries so far
+class PoolStream(AudioEvents):
+    """One context through the pool: push/flush/end/cancel, then iterate `audio()` (or `events()`:
+    the audio and, in order with it, the `Alignment`s of a start that asked for word timings;
+    `audio()` gathers those in `alignments`); `done` holds the worker's stats. `worker_id` is the worker serving it now, `attempts` the tries so far
     (`refusals` of them answered `busy`); `last_chunk_received_at` is when the connection's reader
     took the chunk `audio()` yielded last off the socket (perf_counter), so a relay can time its
     own share of each chunk's trip."""
@@ -86,6 +87,7 @@ class PoolStream:
         self.refusals = 0
         self.done: Done | None = None
         self.rejected: list[Rejected] = []  # messages of this context a worker refused (no effect)
+        self.alignments: list[Alignment] = []  # word timings `audio()` passed over
         self.started_at = time.perf_counter()
         self.first_audio_at: float | None = None
         self.last_chunk_received_at: float | None = None
@@ -121,7 +123,7 @@ class PoolStream:
         self._cancelled = True
         await self._send(Cancel(self.context_id))
 
-    async def audio(self) -> AsyncIterator[bytes]:
+    async def _items(self, *, words: bool) -> AsyncIterator[bytes | Alignment]:
         while True:
             attempt = self._attempt
             assert attempt is not None
@@ -151,6 +153,11 @@ class PoolStream:
                 yield chunk.pcm
             elif isinstance(item, Rejected):
                 self.rejected.append(item)
+            elif isinstance(item, Alignment):  # after audio: never a reason to retry
+                if words:
+                    yield item
+                else:
+                    self.alignments.append(item)
             elif isinstance(item, Done):
                 self._links.succeeded(attempt.link.peer)
                 self.done = item

@@ -9,10 +9,12 @@ import asyncio
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 from livekit.agents import APIConnectionError, APIConnectOptions, APIStatusError, tts
 from livekit.agents.metrics import TTSMetrics
+from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
 
 from gateway.livekit import TTS
 from gateway.livekit.sentences import SentenceSplitter
@@ -84,12 +86,14 @@ def words(text: str) -> list[str]:
     return [p if i == 0 else " " + p for i, p in enumerate(parts)]
 
 
-async def direct_like_the_plugin(url: str, chunks: list[str], options: ContextOptions, voice: str = VOICE) -> bytes:
+async def direct_like_the_plugin(url: str, chunks: list[str], options: ContextOptions, voice: str = VOICE, *,
+                                 alignments: list | None = None) -> bytes:
     """The same messages the plugin sends (first text in `start`, a flush per sentence, `end`),
-    straight to the worker with its own client."""
+    straight to the worker with its own client; ``alignments`` gathers the word timings of a
+    start that asks for them (a version-2 connection)."""
     splitter = SentenceSplitter()
     pieces = [p for c in chunks for p in splitter.feed(c)] + splitter.end()
-    async with await WorkerClient.connect(url) as client:
+    async with await WorkerClient.connect(url, version=2 if alignments is not None else 1) as client:
         first = next(i for i, p in enumerate(pieces) if p.text.strip())
         stream = await client.start(voice, pieces[first].text, options=options)
         if pieces[first].flush:
@@ -100,7 +104,10 @@ async def direct_like_the_plugin(url: str, chunks: list[str], options: ContextOp
             if piece.flush:
                 await stream.flush()
         await stream.end()
-        return b"".join([chunk async for chunk in stream.audio()])
+        pcm = b"".join([chunk async for chunk in stream.audio()])
+    if alignments is not None:
+        alignments.extend(stream.alignments)
+    return pcm
 
 
 async def test_synthesize_gives_24khz_mono_frames_equal_to_the_worker_s_samples(worker):
@@ -134,6 +141,33 @@ async def test_stream_through_the_ring_equals_the_worker_s_samples_and_reports_m
     assert metrics[0].connection_reused is False and metrics[1].connection_reused is True
     assert all(m.acquire_time > 0 for m in metrics)
     assert metrics[0].label == "gateway.livekit.tts.TTS" and metrics[0].metadata.model_provider == "voicering"
+
+
+async def test_each_timed_word_reaches_the_framework_as_a_timed_string_with_the_worker_s_times(worker):
+    """Aligned transcripts (issue 37 item 4): the plugin asks every context for word timings and
+    pushes each word to livekit as `TimedString("word ", start_time, end_time)`, which the framework
+    carries on the audio frames (`lk.timed_transcripts`) to its transcription sync. The stand-in's
+    audio is noise: the times are the worker's estimate, the same the worker gives a direct caller."""
+    plugin = static_tts(worker, options=opts(seed=13, max_tokens=7 * 8 + 1))
+    assert plugin.capabilities.aligned_transcript and plugin.options.context.alignment == "word"
+    chunks = words("I paid $5 today. Thanks a lot!")
+    try:
+        events = await speak(plugin, chunks)
+    finally:
+        await plugin.aclose()
+    pushed = [t for ev in events for t in ev.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
+    timings: list = []
+    pcm = await direct_like_the_plugin(worker.url, chunks, replace(opts(seed=13, max_tokens=7 * 8 + 1),
+                                                                    alignment="word"), alignments=timings)
+    assert pcm_of(events) == pcm
+    want = [(f"{w.text} ", w.start_s, w.end_s) for a in timings for w in a.words]
+    assert [str(t) for t in pushed] == [w[0] for w in want] == ["I ", "paid ", "$5 ", "today ", "Thanks ", "a ", "lot "]
+    # the same times, to espeak-ng's reproducibility: its synthesizer carries its waveform's phase from
+    # one reading to the next, which moves a reference word by ~1 ms and a warped time by a frame or so
+    assert [(t.start_time, t.end_time) for t in pushed] == [pytest.approx(w[1:], abs=0.02) for w in want]
+    unaligned = static_tts(worker, aligned_transcript=False)
+    assert not unaligned.capabilities.aligned_transcript and unaligned.options.context.alignment is None
+    await unaligned.aclose()
 
 
 async def test_update_options_reaches_new_streams_but_never_a_running_one(worker):

@@ -123,6 +123,27 @@ def test_sse_events_carry_base64_audio_then_usage(gateway, key):
     assert done["served_by"]
 
 
+def test_sse_with_alignment_sends_each_word_s_time_between_the_deltas_on_the_stretched_clock(gateway, key):
+    def events(speed: float) -> list[dict]:
+        with httpx.stream("POST", f"{gateway.url}/v1/audio/speech", headers={"Authorization": f"Bearer {key}"},
+                          json={"model": "tts-1", "voice": "tara", "input": "I paid $5, okay?", "response_format": "pcm",
+                                "stream_format": "sse", "alignment": "word", "speed": speed, "seed": 4,
+                                "max_tokens": 7 * 10 + 1}, timeout=60) as response:
+            assert response.status_code == 200
+            return [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
+
+    normal, fast = events(1.0), events(2.0)
+    assert normal[0]["type"] == "speech.audio.delta" and normal[-1]["type"] == "speech.audio.done"
+    assert {e["type"] for e in normal} == {"speech.audio.delta", "speech.alignment", "speech.audio.done"}
+    words = [w for e in normal if e["type"] == "speech.alignment" for w in e["words"]]
+    assert [w["text"] for w in words] == ["I", "paid", "$5", "okay"]
+    assert all(e["estimated"] is True for e in normal if e["type"] == "speech.alignment")  # stand-in noise
+    audio_s = len(b"".join(base64.b64decode(e["audio"]) for e in normal if e["type"] == "speech.audio.delta")) / 48000
+    assert 0 <= words[0]["start_s"] and words[-1]["end_s"] <= audio_s + 1e-3
+    halved = [w for e in fast if e["type"] == "speech.alignment" for w in e["words"]]
+    assert [w["start_s"] for w in halved] == [pytest.approx(w["start_s"] / 2, abs=0.002) for w in words]
+
+
 def test_speed_changes_duration_not_pitch_range(gateway, key):
     api = client(gateway, key)
     normal = api.audio.speech.create(model="tts-1", voice="tara", input="Fast.", response_format="pcm",
@@ -164,6 +185,8 @@ def test_public_port_serves_no_metrics(gateway):
     ({"speed": 0.2}, "speed"),
     ({"temperature_of_the_room": 3}, "temperature_of_the_room"),
     ({"stream_format": "chunks"}, "stream_format"),
+    ({"alignment": "word"}, "alignment"),  # timings are SSE events: refused on a raw audio body
+    ({"alignment": "character", "stream_format": "sse"}, "alignment"),
 ])
 def test_bad_requests_are_400_in_openai_s_shape(gateway, key, body, param):
     payload = {"model": "tts-1", "voice": "tara", "input": "Hi.", **body}

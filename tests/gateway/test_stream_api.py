@@ -58,6 +58,29 @@ async def test_a_context_speaks_the_same_audio_as_the_worker(gateway, worker, ne
     assert got["pcm"] == pcm and pcm and got["seqs"] == list(range(len(got["seqs"])))
 
 
+async def test_word_timings_reach_the_caller_who_asked_and_no_one_else(gateway, worker, new_tenant):
+    _, key = await new_tenant()
+    timed, plain = [], []
+    async with await open_stream(gateway, key) as ws:
+        for cid, options in (("t", {"seed": 2, "max_tokens": 7 * 8 + 1, "alignment": "word"}),
+                             ("p", {"seed": 2, "max_tokens": 15})):
+            await ws.send(json.dumps({"type": "start", "context_id": cid, "voice": "tara", "text": "I paid $5.",
+                                      "options": options}))
+            await ws.send(json.dumps({"type": "end", "context_id": cid}))
+        ended = set()
+        while len(ended) < 2:
+            raw = await asyncio.wait_for(ws.recv(), 120)
+            if isinstance(raw, bytes):
+                continue
+            message = json.loads(raw)
+            if message["type"] == "alignment":
+                (timed if message["context_id"] == "t" else plain).append(message)
+            elif message["type"] in ("done", "error"):
+                assert message["type"] == "done", message
+                ended.add(message["context_id"])
+    assert [w["text"] for m in timed for w in m["words"]] == ["I", "paid", "$5"] and not plain
+
+
 async def test_a_bad_key_is_refused_before_the_upgrade(gateway):
     with pytest.raises(InvalidStatus) as err:
         await open_stream(gateway, "vr_wrong")

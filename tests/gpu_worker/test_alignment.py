@@ -132,3 +132,36 @@ def test_the_caller_gets_back_their_own_words_not_the_spoken_ones():
     verbatim = CallerWords.verbatim("Spoken as <sigh> written.")
     assert [w.text for w in verbatim.push([(0, 0.0, 0.2), (1, 0.3, 0.5), (2, 0.6, 0.9)])] == ["Spoken", "as",
                                                                                               "written"]
+
+
+async def test_a_segment_spoken_as_two_requests_is_timed_on_the_context_s_clock(espeak):
+    from gpu_worker.alignment import Aligner
+
+    aligner = Aligner(RATE)
+    sent: list[tuple[list, bool]] = []
+
+    async def send(words, estimated):
+        sent.append((words, estimated))
+
+    try:
+        words = aligner.segment(CallerWords.of(normalize("First I paid $5. Then we left.")), send)
+        pieces = ["First I paid five dollars.", "Then we left."]  # as the engine's requests read it
+        offset, truth, first_len = 0.25, [], 0.0  # a quarter second of the context's audio came before
+        for piece in pieces:
+            pcm, starts = speech(espeak, piece, "en-us+m3", 160)
+            words.begin(piece, offset)
+            for at in range(0, len(pcm), CHUNK):
+                words.feed(pcm[at:at + CHUNK])  # never waits: the segment's task times it
+            words.end_piece()
+            truth += list(starts + offset)
+            first_len = first_len or len(pcm) / RATE
+            offset += len(pcm) / RATE
+        await words.close(offset)
+    finally:
+        aligner.close()
+    timed = [w for batch, estimated in sent for w in batch]
+    assert not any(estimated for _, estimated in sent) and len(sent) > 2, sent  # in several messages
+    assert [w.text for w in timed] == ["First", "I", "paid", "$5", "Then", "we", "left"]
+    firsts = [truth[i] for i in (0, 1, 2, 3, 5, 6, 7)]  # "$5" starts with "five"
+    assert np.median(np.abs(np.array([w.start_s for w in timed]) - firsts)) < 0.04
+    assert timed[4].start_s >= 0.25 + first_len - 0.05

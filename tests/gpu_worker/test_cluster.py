@@ -116,6 +116,25 @@ async def test_a_start_on_a_non_owner_is_served_by_the_owner_byte_identical(clus
     assert relayed.pcm == direct.pcm and relayed.pcm
 
 
+async def test_a_relayed_context_carries_the_owner_s_word_timings(cluster, ring):
+    voice = owned_by(ring, "worker-b")
+    options = replace(FAST, max_tokens=7 * 8 + 1, alignment="word")
+    timed = {}
+    for entry in ("worker-a", "worker-b"):
+        async with await WorkerClient.connect(cluster[entry].url, version=2) as client:
+            stream = await client.start(voice, "I paid $5, okay?", options=options)
+            timed[entry] = (await collect(stream), stream)
+    (relayed, via_a), (direct, via_b) = timed["worker-a"], timed["worker-b"]
+    assert relayed.done.stats.proxied is True and relayed.done.stats.served_by == "worker-b"
+    assert relayed.pcm == direct.pcm
+    assert {a.context_id for a in via_a.alignments} == {via_a.context_id}  # the caller's id, not the hop's
+    words = [(w.text, w.start_s, w.end_s) for a in via_a.alignments for w in a.words]
+    direct_words = [(w.text, w.start_s, w.end_s) for a in via_b.alignments for w in a.words]
+    assert [w[0] for w in words] == [w[0] for w in direct_words] == ["I", "paid", "$5", "okay"]
+    # the same times to espeak-ng's reproducibility (tests/gateway/test_livekit_tts.py says why)
+    assert [w[1:] for w in words] == [pytest.approx(w[1:], abs=0.02) for w in direct_words]
+
+
 async def test_a_relayed_start_reads_its_pronunciations_once_at_the_owner(cluster, ring, redis_server):
     """The references travel with the relayed start; the owner reads the dictionary and applies it
     (before normalization, once): equal to the owner speaking the rewritten text directly."""

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from gpu_worker.engine import check_vllm_version
 from gpu_worker.errors import BadMessage, EngineError
-from gpu_worker.protocol import (PROTOCOL_HEADER, PROTOCOL_VERSION, Done, Error, Opened, Rejected, Start, ContextStats, encode,
-                                 parse_client, parse_server, protocol_version)
+from gpu_worker.protocol import (PROTOCOL_HEADER, PROTOCOL_VERSION, AlignedWord, Alignment, ContextOptions, ContextStats,
+                                 Done, Error, Opened, Rejected, Start, encode, parse_client, parse_server, protocol_version)
 
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
@@ -100,6 +100,20 @@ def test_version_2_fields_travel_when_set():
     assert parse_server(encode(Done("c1", ContextStats(), load=3))).load == 3
     assert parse_server(V1_ERROR).load is None
     assert parse_server(encode(Opened("c1", 2))) == Opened("c1", 2)
+
+
+def test_word_timings_round_trip_and_are_asked_for_with_one_word():
+    timed = Alignment("c1", (AlignedWord("$5", 0.12, 0.61), AlignedWord("okay", 0.7, 1.0)))
+    assert parse_server(encode(timed)) == timed and "estimated" not in json.loads(encode(timed))
+    assert parse_server(encode(Alignment("c1", (), estimated=True))).estimated is True
+    assert parse_server('{"type": "alignment", "context_id": "c1", "words": [{"text": "a", "start_s": 0, "end_s": 0.1, '
+                        '"confidence": 0.9}], "new": 1}') == Alignment("c1", (AlignedWord("a", 0, 0.1),))
+    asked = Start("c1", "tara", options=ContextOptions(alignment="word"))
+    assert parse_client(encode(asked)).options.alignment == "word"
+    assert "alignment" not in json.loads(encode(Start("c1", "tara")))["options"]  # a version-1 worker takes it
+    with pytest.raises(BadMessage, match="alignment"):
+        parse_client(json.dumps({"type": "start", "context_id": "c1", "voice": "tara",
+                                 "options": {"alignment": "character"}}))
 
 
 def test_insist_must_be_a_boolean():
