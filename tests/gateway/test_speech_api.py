@@ -141,7 +141,9 @@ def test_sse_with_alignment_sends_each_word_s_time_between_the_deltas_on_the_str
     audio_s = len(b"".join(base64.b64decode(e["audio"]) for e in normal if e["type"] == "speech.audio.delta")) / 48000
     assert 0 <= words[0]["start_s"] and words[-1]["end_s"] <= audio_s + 1e-3
     halved = [w for e in fast if e["type"] == "speech.alignment" for w in e["words"]]
-    assert [w["start_s"] for w in halved] == [pytest.approx(w["start_s"] / 2, abs=0.002) for w in words]
+    # halved, to espeak-ng's reproducibility between two readings (~10 ms: tests/gateway/test_livekit_tts.py)
+    assert [w["start_s"] for w in halved] == [pytest.approx(w["start_s"] / 2, abs=0.01) for w in words]
+    assert halved[-1]["start_s"] < 0.75 * words[-1]["start_s"]  # not the unstretched times
 
 
 def test_speed_changes_duration_not_pitch_range(gateway, key):
