@@ -6,8 +6,8 @@ Klatt and a Caribbean accent) at 140, 175 and 210 words a minute, and once more 
 every word at its own rate (70-140 %) and pauses of 0-300 ms after some words (SSML), so the
 timing is not a uniform stretch of anything. Truth: the sample espeak-ng's C library reports
 each word starting at; a written word read as several spoken words ("$5") starts with its first.
-A word's audio ends at its last voiced frame before the next word (the lag is counted from
-there).
+A word's audio ends at its last voiced frame before the next word (`voiced_ends`, as the
+reference's words end; the lag is counted from there).
 
 Ours: the worker's aligner exactly as a context runs it (`gpu_worker.alignment`): the text
 front end's reading, a reference read by espeak-ng's en-us voice at 175 wpm, the audio fed in
@@ -103,21 +103,6 @@ def _ssml(spoken: str, spans: Sequence[tuple[int, int]], rng: random.Random) -> 
     return "".join(out), new_spans
 
 
-def _voiced_ends(pcm: np.ndarray, rate: int, starts: np.ndarray) -> np.ndarray:
-    """Per word, the end of its last voiced 10 ms frame before the next word starts."""
-    hop = rate // 100
-    frames = len(pcm) // hop
-    energy = 10 * np.log10((pcm[: frames * hop].reshape(frames, hop) ** 2).mean(axis=1) + 1e-12)
-    voiced = energy > energy.max() - 35.0
-    ends = []
-    for i, s in enumerate(starts):
-        a = int(s) // hop
-        b = int(starts[i + 1]) // hop if i + 1 < len(starts) else frames
-        idx = np.flatnonzero(voiced[a:max(a + 1, b)])
-        ends.append(((a + idx[-1] + 1) if len(idx) else max(a + 1, b)) * hop)
-    return np.array(ends, np.float64)
-
-
 def peer_starts(words: Sequence[str], audio_s: float) -> list[float]:
     """livekit-agents' estimate: syllables spoken at one rate over the whole audio."""
     from livekit.agents.tokenize.basic import hyphenate_word
@@ -134,7 +119,8 @@ def peer_starts(words: Sequence[str], audio_s: float) -> list[float]:
 def measure(case: Case, espeak, checks, rng: random.Random) -> Measured:  # noqa: ANN001
     import soxr
 
-    from gpu_worker.alignment import CallerWords, WordTimer, blank_tags, reference_for, word_starts
+    from gpu_worker.alignment import CallerWords, WordTimer, blank_tags, reference_for, voiced_ends, word_starts
+    from gpu_worker.alignment.features import HOP_S, features
     from gpu_worker.text import normalize
 
     normalized = normalize(case.text)
@@ -146,11 +132,11 @@ def measure(case: Case, espeak, checks, rng: random.Random) -> Measured:  # noqa
         spans = words.spans
         spoken = espeak.speak(blank_tags(normalized.text), voice=case.voice, wpm=case.wpm)
     pcm = soxr.resample(spoken.pcm, spoken.sample_rate, SAMPLE_RATE).astype(np.float32)
-    starts = word_starts(spans, spoken) * SAMPLE_RATE / spoken.sample_rate  # per spoken word, in our samples
-    ends = _voiced_ends(pcm, SAMPLE_RATE, starts)
+    starts = word_starts(spans, spoken) / spoken.sample_rate  # per spoken word, seconds
+    ends = voiced_ends((starts / HOP_S).astype(np.int64), features(pcm, SAMPLE_RATE)[1]) * HOP_S
     groups = words.groups
-    truth_start = [starts[g.first] / SAMPLE_RATE for g in groups]
-    truth_end = [ends[g.last] / SAMPLE_RATE for g in groups]
+    truth_start = [starts[g.first] for g in groups]
+    truth_end = [ends[g.last] for g in groups]
 
     began = time.process_time()
     timer = WordTimer(reference_for(normalized.text, espeak, words.spans), SAMPLE_RATE, check=checks.new(SAMPLE_RATE))

@@ -286,8 +286,9 @@ class Context:
                 text, chars = item
                 self._hold(-chars)
                 segments += 1
-                requests = await self.deps.engine.plan(self.voice, text, self.options.max_tokens, reading=reading)
                 words = await self._segment_words(text, dictionary) if self.aligned else None
+                read = (lambda _text, said=words.spoken: said) if words is not None else reading  # read once
+                requests = await self.deps.engine.plan(self.voice, text, self.options.max_tokens, reading=read)
                 for i, request in enumerate(requests):
                     if words is not None:
                         words.begin(request.text, self._samples / SAMPLE_RATE)
@@ -402,7 +403,7 @@ class Context:
 
         if self.normalizes:
             return CallerWords.of(normalize(text, dictionary=dictionary))
-        return CallerWords.verbatim(apply(dictionary, text).text if dictionary is not None else text)
+        return CallerWords.verbatim(spoken(text, dictionary, normalizes=False))
 
     async def _send_words(self, words: list[TimedWord], estimated: bool) -> None:
         if words and not self._ended:

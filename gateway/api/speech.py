@@ -49,6 +49,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Annotated, Literal
 
 import anyio
@@ -309,8 +310,8 @@ async def _encoded(run: _Run, body: SpeechRequest, first: bytes | Alignment | No
 
 def _stretched(timed: Alignment, speed: float) -> Alignment:
     """Word times on the audio the caller gets: `speed` plays it faster (or slower)."""
-    words = tuple(AlignedWord(w.text, round(w.start_s / speed, 3), round(w.end_s / speed, 3)) for w in timed.words)
-    return Alignment(timed.context_id, words, timed.estimated)
+    return replace(timed, words=tuple(AlignedWord(w.text, round(w.start_s / speed, 3), round(w.end_s / speed, 3))
+                                      for w in timed.words))
 
 
 async def _chain(first, rest: AsyncIterator):  # noqa: ANN001, ANN202 - audio and timings alike

@@ -10,6 +10,7 @@ after a comma belongs to no word).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from gpu_worker.alignment.espeak import Espeak, Spoken
 from gpu_worker.alignment.features import HOP_S, features
 from gpu_worker.text import SPOKEN_WORD
 
-__all__ = ["Reference", "blank_tags", "reference_for", "spoken_spans", "word_starts"]
+__all__ = ["Reference", "blank_tags", "reference_for", "spoken_spans", "voiced_ends", "word_starts"]
 
 VOICED_DB = 35.0  # a frame this far below the loudest one so far is silence (the timer uses it too)
 
@@ -40,6 +41,10 @@ class Reference:
     def words(self) -> list[str]:
         return [self.text[a:b] for a, b in self.spans]
 
+    @property
+    def count(self) -> int:
+        return len(self.spans)
+
 
 def spoken_spans(text: str) -> list[tuple[int, int]]:
     """The spans of `text`'s spoken words, tags left out (for text that did not come with them)."""
@@ -54,13 +59,13 @@ def blank_tags(text: str) -> str:
 def word_starts(spans: Sequence[tuple[int, int]], spoken: Spoken) -> np.ndarray:
     """Per word span, the sample espeak-ng's reading of it starts at."""
     starts = np.full(len(spans), -1, np.int64)
+    firsts = [a for a, _ in spans]
     for event in spoken.words:
         if event.length <= 0:  # clause markers
             continue
-        for i, (a, b) in enumerate(spans):
-            if a <= event.start < b and starts[i] < 0:
-                starts[i] = event.sample
-                break
+        i = bisect.bisect_right(firsts, event.start) - 1  # the span it would fall in (spans are in order)
+        if i >= 0 and event.start < spans[i][1] and starts[i] < 0:
+            starts[i] = event.sample
     last = 0
     for i, s in enumerate(starts):  # a word with no start of its own starts with the one before
         last = max(last, int(s))
@@ -78,10 +83,17 @@ def reference_for(text: str, espeak: Espeak, spans: Sequence[tuple[int, int]] | 
     if n == 0:
         raise ValueError(f"espeak-ng read no audio for {text!r}")
     starts = np.minimum(word_starts(spans, spoken) * 1.0 / spoken.sample_rate / HOP_S, n - 1).astype(np.int64)
+    return Reference(text, frames, spans, starts, voiced_ends(starts, levels))
+
+
+def voiced_ends(starts: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Per word starting at frame `starts[i]`, one past its last voiced frame before the next word
+    starts (the bench's truth ends are made the same way, from the test speech's levels)."""
+    n = len(levels)
     voiced = levels > levels.max() - VOICED_DB
     ends = np.empty_like(starts)
     for i, start in enumerate(starts):
         limit = starts[i + 1] if i + 1 < len(starts) else n
-        span = np.flatnonzero(voiced[start:limit])
+        span = np.flatnonzero(voiced[start:max(start + 1, limit)])
         ends[i] = start + (span[-1] + 1 if len(span) else max(1, limit - start))
-    return Reference(text, frames, spans, starts, np.minimum(ends, n))
+    return np.minimum(ends, n)

@@ -71,6 +71,11 @@ class SegmentWords:
         self._queue: asyncio.Queue[tuple] = asyncio.Queue()
         self._task = asyncio.create_task(self._work(), name="segment-words")
 
+    @property
+    def spoken(self) -> str:
+        """What the voice reads for the segment (read once, here: the prompt takes it too)."""
+        return self._words.text
+
     def begin(self, piece: str, offset_s: float) -> None:
         self._queue.put_nowait(("begin", piece, offset_s))
 

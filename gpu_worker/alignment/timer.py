@@ -58,10 +58,6 @@ class WordTimer:
         self._floor = 0.0  # the last timed word's start: no later word starts before it
         self.samples = 0
 
-    @property
-    def sent(self) -> int:
-        return self._sent
-
     def push(self, pcm: np.ndarray) -> list[WordTime]:
         self.samples += len(pcm)
         if self._check is not None:
@@ -80,17 +76,17 @@ class WordTimer:
         self._since_check = 0
         end = self._dtw.best_end()
         ready = self._sent
-        while ready < len(self.reference.words) and self.reference.ends[ready] + self.settle <= end:
+        while ready < self.reference.count and self.reference.ends[ready] + self.settle <= end:
             ready += 1
         return self._time(ready, end) if ready > self._sent else []
 
     def finish(self) -> list[WordTime]:
         """The words not yet timed: on the whole alignment, or stretched when no speech was heard."""
-        if self._sent >= len(self.reference.words):
+        if self._sent >= self.reference.count:
             return []
         if self._dtw.frames == 0 or (self._check is not None and not self._check.heard):
             return self._stretched()
-        return self._time(len(self.reference.words), len(self.reference.frames) - 1)
+        return self._time(self.reference.count, len(self.reference.frames) - 1)
 
     def _time(self, upto: int, end: int) -> list[WordTime]:
         ref = self.reference
@@ -120,9 +116,9 @@ class WordTimer:
         ref = self.reference
         scale = (self.samples / self.sample_rate) / max(ref.duration_s, HOP_S)
         out = []
-        for i in range(self._sent, len(ref.words)):
+        for i in range(self._sent, ref.count):
             start = float(max(self._floor, ref.starts[i] * HOP_S * scale))
             end = float(max(start, ref.ends[i] * HOP_S * scale))
             out.append(WordTime(i, round(start, 3), round(end, 3), estimated=True))
-        self._sent = len(ref.words)
+        self._sent = ref.count
         return out

@@ -35,8 +35,9 @@ class WordGroup:
 class CallerWords:
     """`spans` for the reference; `push(index, start_s, end_s)` per timed spoken word, in order."""
 
-    def __init__(self, spans: list[tuple[int, int]], groups: list[WordGroup]) -> None:
-        self.spans = spans  # the spoken words' spans in the spoken text, tags left out
+    def __init__(self, text: str, spans: list[tuple[int, int]], groups: list[WordGroup]) -> None:
+        self.text = text  # what the voice reads (the prompt's text)
+        self.spans = spans  # the spoken words' spans in `text`, tags left out
         self.groups = groups
         self._next = 0  # the group being timed
         self._start: float | None = None
@@ -52,13 +53,13 @@ class CallerWords:
                 groups[-1] = WordGroup(groups[-1].text, groups[-1].first, i)
             else:
                 groups.append(WordGroup(normalized.written[key[0]:key[1]], i, i))
-        return cls([(w.start, w.end) for w in spoken], groups)
+        return cls(normalized.text, [(w.start, w.end) for w in spoken], groups)
 
     @classmethod
     def verbatim(cls, text: str) -> CallerWords:
         """Text spoken as written (the caller normalizes it): each spoken word is a caller word."""
         spans = spoken_spans(text)
-        return cls(spans, [WordGroup(text[a:b], i, i) for i, (a, b) in enumerate(spans)])
+        return cls(text, spans, [WordGroup(text[a:b], i, i) for i, (a, b) in enumerate(spans)])
 
     def rest(self, at_s: float) -> list[TimedWord]:
         """The words no spoken time completed (a piece whose words the request text cut differently),

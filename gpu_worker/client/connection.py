@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -76,9 +77,10 @@ async def collect(stream) -> Speech:  # noqa: ANN001 - any stream with end(), au
     return Speech(b"".join(chunks), stream.done, ttfb, len(chunks))
 
 
-class AudioEvents:
+class AudioEvents(ABC):
     """What a context's stream reads out: `audio()`, its PCM chunks (word timings gathered in
-    `alignments`), or `events()`, the chunks and the `Alignment`s in the order they came."""
+    `alignments`), or `events()`, the chunks and the `Alignment`s in the order they came. A stream
+    class gives `_items`, its one reading loop."""
 
     __slots__ = ()
 
@@ -88,8 +90,9 @@ class AudioEvents:
     def events(self) -> AsyncIterator[bytes | Alignment]:
         return self._items(words=True)
 
+    @abstractmethod
     def _items(self, *, words: bool) -> AsyncIterator[bytes | Alignment]:
-        raise NotImplementedError
+        """Audio as bytes; each `Alignment` yielded when `words`, else kept in `alignments`."""
 
 
 @dataclass(slots=True)
