@@ -110,10 +110,13 @@ class VoiceAgent:
 
     def session(self, voice: TTS) -> AgentSession:
         s = self.settings
+        # the voice's word timings drive the captions and what an interruption keeps in the history
+        aligned = voice.capabilities.aligned_transcript
         if s.stt:
-            return AgentSession(tts=voice, llm=s.llm or NOT_GIVEN, stt=s.stt)
+            return AgentSession(tts=voice, llm=s.llm or NOT_GIVEN, stt=s.stt, use_tts_aligned_transcript=aligned)
         # nothing listens to speech: no VAD model to load, turns arrive as text
-        return AgentSession(tts=voice, llm=s.llm or NOT_GIVEN, vad=None, turn_handling={"turn_detection": "manual"})
+        return AgentSession(tts=voice, llm=s.llm or NOT_GIVEN, vad=None, turn_handling={"turn_detection": "manual"},
+                            use_tts_aligned_transcript=aligned)
 
     def agent(self) -> Agent:
         return TaggedSpeechAgent(instructions=self.settings.instructions)  # captions without the voice's tags

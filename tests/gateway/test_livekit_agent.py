@@ -27,7 +27,9 @@ from prometheus_client import CollectorRegistry
 from livekit.agents import Agent, AgentSession, APIConnectOptions, llm
 from livekit.agents.testing import fake_job_context
 from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
+from livekit.agents.types import TimedString
 from livekit.agents.voice.room_io import TextInputEvent
+from livekit.agents.voice.transcription import TranscriptSynchronizer
 
 from gateway.livekit import TTS
 from gateway.livekit.agent import FleetLoad, VoiceAgent, build_server, fleet_load, speak_text
@@ -120,6 +122,60 @@ class RecordingSink(AudioOutput):
         return b"".join(f.data.tobytes() for f in self.frames)
 
 
+class WholeTurnSink(RecordingSink):
+    """A RecordingSink that starts playing a turn once all of its audio has arrived, then plays it out
+    in real time. The stand-in worker generates slower than real time on this CPU (~0.6x), so a sink
+    playing frames as they come would underrun through the whole turn and its clock would run ahead
+    of the audio; a GPU worker is faster than real time and the room plays continuously."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.playing = asyncio.Event()
+        self.stopped_at: float | None = None  # the playback position an interruption cut at
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await AudioOutput.capture_frame(self, frame)
+        self.frames.append(frame)
+        self._pushed_s += frame.duration
+
+    def flush(self) -> None:
+        AudioOutput.flush(self)
+        if not self._pushed_s or self.playing.is_set():
+            return
+        self._started_at = time.monotonic()
+        self.on_playback_started(created_at=time.time())
+        self.playing.set()
+        played = self._pushed_s
+
+        def finished() -> None:
+            self._pushed_s = 0.0
+            self.on_playback_finished(playback_position=played, interrupted=False)
+
+        self._finish = asyncio.get_running_loop().call_later(played, finished)
+
+    def position(self) -> float:
+        return time.monotonic() - self._started_at
+
+    def clear_buffer(self) -> None:
+        if self._pushed_s:
+            self.stopped_at = min(self._pushed_s, self.position())
+        super().clear_buffer()
+
+
+class TimingAgent(Agent):
+    """Records the TimedStrings the plugin gives the framework for the agent's transcript."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.timed: list[TimedString] = []
+
+    async def transcription_node(self, text, model_settings):
+        async for piece in text:
+            if isinstance(piece, TimedString):
+                self.timed.append(piece)
+            yield piece
+
+
 def opts(seed: int, max_tokens: int = 15) -> ContextOptions:
     return ContextOptions(max_tokens=max_tokens, seed=seed)
 
@@ -200,6 +256,47 @@ async def test_an_interruption_stops_the_speech_and_the_worker_drops_the_context
     assert value("voicering_agent_turns_total", {"outcome": "completed"}) == 1
     assert value("voicering_agent_tts_ttfb_seconds_count") >= 1  # per TTS request that reported (the cut one may not)
     assert value("voicering_agent_sessions") == 0  # the session's close event
+
+
+async def test_an_interruption_keeps_in_the_history_the_words_played_by_the_voice_s_timings(worker):
+    """livekit's AgentSession with use_tts_aligned_transcript and its TranscriptSynchronizer (what RoomIO
+    puts between the session and the room): an interruption in the reply's second sentence leaves in
+    the chat history the words the plugin's timings say were played by then, not the whole reply.
+    Tolerance one word: the synchronizer sends a word halfway through its pacing delay, so the word
+    playing at the cut may or may not be in. The stand-in's audio is noise, so the timings are the
+    worker's estimate; what is proven is that the framework cuts the history by the voice's timings."""
+    reply = ("The first sentence is here and will be heard in full by the user. "
+             "The second sentence is cut off by the user before its last words are ever played.")
+    plugin = TTS(voice=VOICE, workers=[worker.url], options=opts(seed=91, max_tokens=7 * 30 + 1))
+    sink = WholeTurnSink()
+    sync = TranscriptSynchronizer(next_in_chain_audio=sink, next_in_chain_text=None)
+    session = AgentSession(llm=ScriptedLLM(reply), tts=plugin, vad=None, turn_handling={"turn_detection": "manual"},
+                           use_tts_aligned_transcript=True)
+    session.output.audio, session.output.transcription = sync.audio_output, sync.text_output
+    agent = TimingAgent(instructions="You are a test voice.")
+    await session.start(agent)
+    try:
+        handle = session.generate_reply(user_input="Say two sentences.")
+        await asyncio.wait_for(sink.playing.wait(), timeout=180)  # the whole turn's audio is in
+        words = [t for t in agent.timed if t.strip()]
+        assert [w.strip() for w in words] == [w.strip(".") for w in reply.split()]  # every word timed, in order
+        second = next(i for i, w in enumerate(words) if i and w.strip() == "The")
+        # cut after the second sentence's fifth word has started: its timings say where that is
+        cut = words[second + 4].start_time + 0.05
+        await asyncio.sleep(max(0.0, cut - sink.position()))  # the sink's playback clock (real time)
+        await session.interrupt()
+        await handle
+        assert handle.interrupted and sink.stopped_at is not None
+        played = [w for w in words if w.start_time < sink.stopped_at]
+        said = [m for m in session.history.items if getattr(m, "role", None) == "assistant"]
+        assert said and said[-1].interrupted
+        kept = said[-1].text_content.split()
+        assert abs(len(kept) - len(played)) <= 1, (sink.stopped_at, kept, [(w, w.start_time) for w in words])
+        assert len(kept) < len(words) - 2  # not the whole reply
+        assert " ".join(kept).startswith(reply[:40])  # sentence 1 (heard in full) is kept as written
+    finally:
+        await session.aclose()
+        await plugin.aclose()
 
 
 async def test_participant_text_interrupts_and_is_spoken_as_sent(worker):

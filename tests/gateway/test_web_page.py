@@ -108,6 +108,18 @@ async def test_a_line_streams_and_plays_before_the_response_ends(page, gateway, 
     assert samples == len(direct.content) // 2 > 0  # every sample of the stream reached the page
     assert await number_of(page, "audio-seconds") == pytest.approx(samples / 24000, abs=0.01)
 
+    # the line's words were timed (SSE speech.alignment) and have all played: the caption holds each
+    # word as written, once, in order, on the audio's clock, every one lit as said
+    caption = await page.evaluate("Array.from(document.querySelectorAll('#caption span'), s => ({text: s.textContent, "
+                                  "start: Number(s.dataset.start), end: Number(s.dataset.end), state: s.dataset.state}))")
+    assert [w["text"] for w in caption] == [w.strip(",.") for w in LINE.split()]
+    assert await text_of(page, "caption") == LINE  # the words, and the line's punctuation between them
+    assert {w["state"] for w in caption} == {"said"}
+    starts = [w["start"] for w in caption]
+    assert starts == sorted(starts) and all(0 <= w["start"] <= w["end"] <= samples / 24000 + 0.01 for w in caption)
+    # the stand-in's audio is noise, so the worker sends its estimate and the page says so
+    assert "estimates" in await text_of(page, "caption-note")
+
     ttfb, started, done = [await number_of(page, i) for i in ("ttfb-ms", "play-started-ms", "response-done-ms")]
     chunks = await number_of(page, "chunks")
     assert 0 < ttfb < done and chunks > 1
@@ -120,6 +132,30 @@ async def test_a_line_streams_and_plays_before_the_response_ends(page, gateway, 
     assert await page.evaluate("document.getElementById('speak-error').textContent") == ""
     assert page.console_errors == []
     assert not [e for e in page.network_errors if "/v1/audio/speech" in e.text]
+
+
+async def test_a_worker_that_cannot_time_words_still_speaks_the_line(page, gateway, key):
+    """The session's worker has an aligner, so its 500 `alignment_unavailable` is made in the page: the
+    first request that asks for word timings gets the API's own error body; the page asks again
+    without them (a real request to the real gateway), plays the line and says why there is no caption."""
+    await use_key(page, key)
+    await page.evaluate("(real => { window.fetch = (url, init) => (init && init.body && "
+                        "JSON.parse(init.body).alignment === 'word' && !window.refusedOnce && (window.refusedOnce = true)) "
+                        "? Promise.resolve(new Response(JSON.stringify({error: {message: 'no aligner', type: "
+                        "'server_error', param: null, code: 'alignment_unavailable'}}), {status: 500})) "
+                        ": real(url, init); })(window.fetch)")
+    await page.evaluate("document.getElementById('voice').value = 'tara';"
+                        "document.getElementById('text').value = 'One short line.';"
+                        "document.getElementById('max-tokens').value = '21';"
+                        "document.getElementById('speak').click()")
+    state = await page.wait_for("['done', 'error'].includes(document.getElementById('speak-state').textContent) && "
+                                "document.getElementById('speak-state').textContent", timeout_s=120)
+    assert state == "done", await text_of(page, "speak-error")
+    assert await page.evaluate("window.refusedOnce") is True
+    assert await number_of(page, "samples") == 3 * 2048  # 21 tokens: three frames, all played
+    assert await page.evaluate("document.querySelectorAll('#caption span').length") == 0
+    assert "does not time words" in await text_of(page, "caption-note")
+    assert await text_of(page, "speak-error") == ""
 
 
 async def test_a_bad_key_shows_the_api_s_error_in_words(page, gateway):

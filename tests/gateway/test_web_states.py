@@ -17,6 +17,8 @@ import json
 import os
 from pathlib import Path
 
+import re
+
 import httpx
 import pytest
 
@@ -88,6 +90,14 @@ async def use_key(page, key: str) -> None:
     await page.evaluate(f"document.getElementById('api-key').value = {js(key)}; "
                         "document.getElementById('key-use').click()")
     await page.wait_for("(t => t && !t.startsWith('loading'))(document.getElementById('voices-status').textContent)")
+
+
+SAID = "document.querySelectorAll('#caption span[data-state=said]').length"
+
+
+async def caption_states(page) -> str:
+    """The caption's words as letters: s(aid), n(ow), a(head)."""
+    return await page.evaluate("Array.from(document.querySelectorAll('#caption span'), s => s.dataset.state[0]).join('')")
 
 
 async def fits_400_px(page) -> None:
@@ -193,10 +203,27 @@ async def test_stop_works_while_downloaded_audio_still_plays(page, new_tenant):
     drawn = ("(c => c.getContext('2d').getImageData(0, 0, c.width, c.height).data.some((v, i) => i % 4 === 3 && v))"
              "(document.getElementById('waveform'))")
     assert await page.evaluate(drawn)
+
+    # the caption lights the word being played: said, then the one playing, then the rest, and it moves
+    words = len(LONG_LINE.split())
+    await page.wait_for(f"document.querySelectorAll('#caption span').length === {words}")
+    assert await page.evaluate("Array.from(document.querySelectorAll('#caption span'), s => s.textContent)") \
+        == [w.strip(".") for w in LONG_LINE.split()]  # each word as written, once, in order
+    said = await page.wait_for(f"(n => n > 0 && n < {words} && n)({SAID})", timeout_s=60)
+    assert re.fullmatch(r"s*n?a*", await caption_states(page)), await caption_states(page)
+    await page.wait_for(f"{SAID} > {said}", timeout_s=60)  # playback moved on, and the caption with it
+    assert re.fullmatch(r"s*n?a*", await caption_states(page))
     await shot(page, "playing", "#speak-section", "#speak-section")
 
     await click(page, "#stop")
     assert await text_of(page, "speak-state") == "stopped"
+    # frozen where the audio stopped: the words after it stay unsaid while the audio clock runs on
+    stopped_at = await caption_states(page)
+    assert "a" in stopped_at
+    # (nothing to await here but time: 1.5 s of animation frames, over two words at speed 0.25)
+    await page.evaluate("new Promise(r => { const t = performance.now(); "
+                        "(function tick() { performance.now() > t + 1500 ? r() : requestAnimationFrame(tick); })(); })")
+    assert await caption_states(page) == stopped_at
     assert await page.evaluate("document.getElementById('stop').disabled") is True
     assert await page.evaluate("document.activeElement.id") == "speak"  # the focus was on Stop: kept on the page
 
