@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(VENV)/bin/voicering bench clone --json
 	$(VENV)/bin/voicering bench text --json
 	$(VENV)/bin/voicering bench alignment --json
+	$(VENV)/bin/voicering bench continuity --json
 
 clean:
 	rm -rf $(VENV) out .cache

@@ -101,6 +101,21 @@ def alignment(
     _emit(run(limit=limit or None, rounds=rounds), as_json)
 
 
+@app.command("continuity")
+def continuity(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    rounds: int = typer.Option(6, min=1, help="Conversations per side (with and without the window)."),
+    sentences: int = typer.Option(5, min=2, max=5, help="Sentences (engine requests) per conversation."),
+    frames: int = typer.Option(24, min=1, help="Frames each sentence is spoken for (7 tokens each)."),
+    block_size: int = typer.Option(0, min=0, help="Tokens per KV block (0: vLLM's default, 128 on CPU)."),
+) -> None:
+    """A context's prompt window: later segments' time to first token with and without it, and
+    how much of it the engine's prefix cache serves (real vLLM engine, bench stand-in)."""
+    from bench.continuity import run
+
+    _emit(run(rounds=rounds, frames=frames, sentences=sentences, block_size=block_size or None), as_json)
+
+
 @app.command("ring")
 def ring(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Lookup speed against uhashring, spread, movement, and routing under stale loads for 64 workers."""

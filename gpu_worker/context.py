@@ -31,8 +31,10 @@ from gpu_worker.engine import SamplingOptions, SpeechEngine, Voice
 from gpu_worker.errors import (AlignmentUnavailable, BacklogFull, BadRequest, EmptyText, IdleTimeout,
                                PronunciationsUnavailable, SlowConsumer, TextTooLong, WorkerError)
 from gpu_worker.orpheus import SAMPLE_RATE
-from gpu_worker.protocol import (MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AlignedWord, Alignment, AudioChunk, ContextStats,
-                                 Done, Error, Start)
+from gpu_worker.prompt_window import PromptWindow, WindowLimits
+from gpu_worker.chunking import clause_cut, sentence_cut
+from gpu_worker.protocol import (DEFAULT_MAX_BUFFER_DELAY_MS, MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS, AlignedWord,
+                                 Alignment, AudioChunk, ContextStats, Done, Error, Start)
 from gpu_worker.scheduler import BatchedDecodeRunner, DecodeRunner
 from gpu_worker.speech import SegmentStats, speak_request
 from gpu_worker.text import Dictionary, apply, normalize
@@ -101,6 +103,7 @@ class ContextDeps:
     worker_id: str = ""  # reported as `served_by` in every `done`
     pronunciations: PronunciationCache | None = None  # tenants' dictionaries from Redis (None: no Redis)
     aligner: Aligner | None = None  # word timings (None: a start asking for them is refused)
+    window: WindowLimits | None = WindowLimits()  # continuity across segments (None: off on this worker)
 
 
 class Context:
@@ -145,12 +148,21 @@ class Context:
         if self.aligned and deps.aligner is None:
             raise AlignmentUnavailable("this worker cannot time words (it runs without libespeak-ng, or with "
                                        "alignment off); send the start without options.alignment")
+        # continuity: the worker's setting decides where the caller leaves it (None) or asks for it
+        self.continuous = o.continuity is not False and deps.window is not None
         self.pronunciations = o.pronunciations or ()
         if self.pronunciations and deps.pronunciations is None:
             raise PronunciationsUnavailable("this worker has no Redis to read pronunciation dictionaries from "
                                             "(start it with --redis); send the start without them")
         self._buffer: list[str] = []
         self._buffered_chars = 0
+        # chunking "auto": the worker cuts segments itself (gpu_worker.chunking); the delay counts from
+        # the oldest text not yet cut
+        self.auto_chunking = o.chunking == "auto"
+        delay_ms = o.max_buffer_delay_ms if o.max_buffer_delay_ms is not None else DEFAULT_MAX_BUFFER_DELAY_MS
+        self._buffer_delay_s = delay_ms / 1000.0
+        self._buffered_since = 0.0
+        self._delay_timer: asyncio.TimerHandle | None = None
         self._segments: asyncio.Queue[object] = asyncio.Queue()
         self._pending_chars = 0  # buffered + queued, not yet being spoken (counted in the backlog)
         self._queued = 0
@@ -183,24 +195,65 @@ class Context:
         if self._backlog is not None and self._backlog.chars + n > self._backlog.limit:
             raise BacklogFull(f"this connection has {self._backlog.chars} characters waiting to be spoken "
                               f"(limit {self._backlog.limit}); wait for audio before sending more")
+        if not self._buffered_chars:
+            self._buffered_since = time.monotonic()
         self._buffer.append(text)
         self._buffered_chars += n
         self._hold(n)
+        if self.auto_chunking:
+            self._cut_at(sentence_cut("".join(self._buffer)))
+            self._arm_delay()
+
+    def _cut_at(self, at: int | None) -> None:
+        """Auto chunking: the buffer's first ``at`` characters become a segment (not now if the
+        context's segment queue is full: the text stays buffered and the next push or delay cuts)."""
+        if at is None or at <= 0:
+            return
+        try:
+            self._flush(at)
+        except BacklogFull:
+            return
+        if self._buffered_chars:
+            self._buffered_since = time.monotonic()
+
+    def _arm_delay(self) -> None:
+        if self._delay_timer is not None or not self._buffered_chars or self.input_ended:
+            return
+        left = self._buffered_since + self._buffer_delay_s - time.monotonic()
+        self._delay_timer = asyncio.get_running_loop().call_later(max(0.0, left), self._delay_passed)
+
+    def _delay_passed(self) -> None:
+        """The oldest buffered text waited ``max_buffer_delay_ms``: speak what is safe to speak now."""
+        self._delay_timer = None
+        if self.input_ended or self._ended or not self._buffered_chars:
+            return
+        self._cut_at(clause_cut("".join(self._buffer)))
+        if self._buffered_chars and time.monotonic() - self._buffered_since < self._buffer_delay_s:
+            self._arm_delay()  # a cut was made: the rest waits its own delay (else the next push re-arms)
+
+    def _stop_delay(self) -> None:
+        if self._delay_timer is not None:
+            self._delay_timer.cancel()
+            self._delay_timer = None
 
     def flush(self) -> None:
         if self.input_ended:
             raise BadRequest(f"context '{self.context_id}' already ended its input")
         self._flush()
+        self._stop_delay()
 
-    def _flush(self) -> None:
+    def _flush(self, upto: int | None = None) -> None:
+        """Queue the buffer's text (its first ``upto`` characters) as the next segment."""
         self._last_activity = time.monotonic()
-        raw, chars = "".join(self._buffer), self._buffered_chars
-        text = " ".join(raw.split())
+        raw = "".join(self._buffer)
+        chars = len(raw) if upto is None else upto
+        text = " ".join(raw[:chars].split())
         if text and self._segments.qsize() >= self.limits.max_queued_segments:
             raise BacklogFull(f"context '{self.context_id}' has {self._segments.qsize()} segments waiting to be spoken "
                               f"(limit {self.limits.max_queued_segments}); wait for audio before flushing more")
-        self._buffer.clear()
-        self._buffered_chars = 0
+        rest = raw[chars:]
+        self._buffer = [rest] if rest else []
+        self._buffered_chars = len(rest)
         if not text:
             self._hold(-chars)
             return
@@ -213,6 +266,7 @@ class Context:
         if self.input_ended:
             raise BadRequest(f"context '{self.context_id}' already ended its input")
         self._flush()
+        self._stop_delay()
         if self._queued == 0:
             raise EmptyText("nothing to speak: the context ended without any text")
         self.input_ended = True
@@ -267,6 +321,8 @@ class Context:
         dropped_ms = 0.0
         outcome = "cancelled"
         acquired = False
+        window = PromptWindow(self.deps.window) if self.continuous and self.deps.window is not None else None
+        window_tokens = window_cached = 0
         try:
             if self.voice is None:
                 if self.deps.adapters is None:
@@ -295,9 +351,16 @@ class Context:
                     trimmer = self.deps.trim_factory() if (self.trim and self.deps.trim_factory) else None
                     seed = self.options.seed
                     options = self.options if seed is None else replace(self.options, seed=seed + stats.requests + 1)
+                    spoken_request, generated, earlier = request, None, 0
+                    if window is not None:
+                        room = self.deps.engine.settings.max_model_len - len(request.prompt) - request.max_tokens
+                        before = window.before(request.prompt, room)
+                        spoken_request, generated, earlier = replace(request, prompt=[*before, *request.prompt]), [], len(before)
+                    cached = stats.cached_tokens
                     async with aclosing(speak_request(
-                            self.deps.engine, self.deps.runner, self.voice, request, options, stats,
-                            noise_offset=self._noise_offset, fade_in=i > 0, fade_out=i < len(requests) - 1)) as audio_out:
+                            self.deps.engine, self.deps.runner, self.voice, spoken_request, options, stats,
+                            noise_offset=self._noise_offset, fade_in=i > 0, fade_out=i < len(requests) - 1,
+                            generated=generated)) as audio_out:
                         async for audio in audio_out:
                             if trimmer is not None:
                                 audio = trimmer.push(audio)
@@ -308,6 +371,10 @@ class Context:
                         if len(tail):
                             await self._emit(tail, words)
                         dropped_ms += trimmer.result.dropped_ms
+                    if window is not None:
+                        window.add(request.prompt, generated)
+                        window_tokens += earlier
+                        window_cached += min(stats.cached_tokens - cached, earlier)
                     if words is not None:
                         words.end_piece()
                 if words is not None:
@@ -321,7 +388,7 @@ class Context:
                 rtf=round(wall / audio_s, 4) if audio_s else None, head_silence_dropped_ms=round(dropped_ms, 1),
                 engine_requests=stats.requests, finish_reason="length" if stats.cut_by_length else "end_of_speech",
                 served_by=self.deps.worker_id, proxied=self.proxied, trace_id=self.trace.trace_id,
-                span_id=self.trace.span_id,
+                span_id=self.trace.span_id, window_tokens=window_tokens, window_cached_tokens=window_cached,
             )
             outcome = "completed"
             if stats.cut_by_length:
@@ -350,11 +417,12 @@ class Context:
             self._log.exception("context %s crashed", self.context_id)
             await self._send_final(Error("internal", f"internal error: {type(exc).__name__}", True, self.context_id))
         finally:
+            self._stop_delay()
             if self._timing is not None:
                 self._timing.cancel()  # a cancelled or failed context sends no more timings
             if acquired and self.deps.adapters is not None and self.voice is not None:
                 self.deps.adapters.release(self.voice)
-            self._record(outcome, stats, time.perf_counter() - began)
+            self._record(outcome, stats, time.perf_counter() - began, window_tokens, window_cached)
             log_hop(log, self.hop("owner", outcome))
             current.reset(token)
 
@@ -366,7 +434,7 @@ class Context:
         except SlowConsumer:
             pass
 
-    def _record(self, outcome: str, stats: SegmentStats, wall: float) -> None:
+    def _record(self, outcome: str, stats: SegmentStats, wall: float, window_tokens: int, window_cached: int) -> None:
         metrics = self.deps.metrics
         if metrics is None:
             return
@@ -376,6 +444,7 @@ class Context:
             rtf=wall / audio_s if outcome == "completed" and audio_s else None, tokens=stats.tokens,
             invalid_tokens=stats.invalid_tokens, audio_s=audio_s, generation_s=wall if outcome == "completed" else 0.0,
             requests=stats.requests, cut_by_length=stats.cut_by_length, spoke_to_end=stats.spoke_to_end,
+            window_tokens=window_tokens, window_cached_tokens=window_cached,
         )
 
     async def _emit(self, audio, words: SegmentWords | None = None) -> None:

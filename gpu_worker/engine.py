@@ -84,6 +84,13 @@ class EngineSettings:
     # of torch and vLLM, ~2 GB less, a start ~30 % shorter on CPU; vLLM's CPU default keeps them
     # apart so that it can bind OpenMP threads to cores, which a serving CPU worker wants.
     separate_model_process: bool = True
+    # vLLM's automatic prefix caching: a context's prompt window (gpu_worker.prompt_window) repeats
+    # the previous request's tokens, which the cache then serves without prefill
+    prefix_caching: bool = True
+    # tokens per KV block. The prefix cache serves whole blocks, so a window's last partial block is
+    # prefilled again: None takes vLLM's 16 on CUDA and 32 on CPU, where vLLM's own 128 left 15 % of
+    # the windows' tokens to prefill (`voicering bench continuity`: 85 % served vs 97 % at 32)
+    kv_block_size: int | None = None
 
     def fp8(self) -> bool:
         if self.quantization == "auto":
@@ -125,6 +132,7 @@ class EngineRequest:
 @dataclass(slots=True)
 class GenerationStats:
     tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache served (no prefill)
     finished_by: str = ""  # "end_of_speech", "length", "aborted"
 
 
@@ -177,7 +185,8 @@ class SpeechEngine:
             max_model_len=settings.max_model_len,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             enforce_eager=enforce_eager,
-            enable_prefix_caching=False,
+            enable_prefix_caching=settings.prefix_caching,
+            block_size=settings.kv_block_size or (None if cuda else 32),
             seed=settings.seed,
             logits_processors=[SlotConstrainedSampler],
             distributed_executor_backend=None if settings.separate_model_process else "uni",
@@ -220,6 +229,11 @@ class SpeechEngine:
         request = self.lora_request(voice)
         if request is not None:
             await self._llm.add_lora(request)
+
+    def block_size(self) -> int | None:
+        """Tokens per KV block: the prefix cache serves whole blocks only (vLLM's CPU default 128)."""
+        config = getattr(self._llm, "vllm_config", None)
+        return config.cache_config.block_size if config is not None else None
 
     def alive(self) -> bool:
         """False once the engine core is dead (its process exited, its output loop failed): nothing
@@ -273,6 +287,7 @@ class SpeechEngine:
                 if first and ids:
                     first = False
                     self.waiting -= 1
+                    stats.cached_tokens = out.num_cached_tokens or 0
                 stats.tokens += len(ids)
                 if out.finished:
                     finished = True

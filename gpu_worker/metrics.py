@@ -44,6 +44,10 @@ class WorkerMetrics:
         self.invalid_tokens = Counter(f"{PREFIX}_invalid_tokens", "Generated ids that were not a valid code for their slot",
                                       registry=r)
         self.audio_seconds = Counter(f"{PREFIX}_audio_seconds", "Audio seconds streamed", registry=r)
+        self.window_tokens = Counter(f"{PREFIX}_window_tokens", "Tokens of a context's earlier segments put before its "
+                                     "next prompt (continuity)", registry=r)
+        self.window_cached_tokens = Counter(f"{PREFIX}_window_cached_tokens", "Window tokens the engine's prefix cache "
+                                            "served (the rest were prefilled again)", registry=r)
         self.contexts = Counter(f"{PREFIX}_contexts", "Contexts by outcome (completed, cancelled or an error code)",
                                   ["outcome"], registry=r)
         self.rejected = Counter(f"{PREFIX}_rejected", "Streams refused or cut: busy (at capacity: max_streams or the relay "
@@ -93,8 +97,11 @@ class WorkerMetrics:
 
     def observe_context(self, *, outcome: str, ttfb_s: float | None, rtf: float | None, tokens: int,
                           invalid_tokens: int, audio_s: float, generation_s: float, requests: int = 0,
-                          cut_by_length: int = 0, spoke_to_end: int = 0) -> None:
+                          cut_by_length: int = 0, spoke_to_end: int = 0, window_tokens: int = 0,
+                          window_cached_tokens: int = 0) -> None:
         self.contexts.labels(outcome).inc()
+        self.window_tokens.inc(window_tokens)
+        self.window_cached_tokens.inc(window_cached_tokens)
         for finish, count in (("end_of_speech", spoke_to_end), ("length", cut_by_length),
                               ("aborted", requests - spoke_to_end - cut_by_length)):
             if count:

@@ -37,6 +37,8 @@ MAX_MESSAGE_BYTES = 1 << 20
 # The worker's default text limits per context (WorkerSettings' defaults; the gateway holds callers to them).
 MAX_TEXT_CHARS = 4096  # buffered before a flush (one segment)
 MAX_CONTEXT_BACKLOG_CHARS = 16384  # buffered + flushed, not yet being spoken
+DEFAULT_MAX_BUFFER_DELAY_MS = 1000  # chunking "auto": an LLM at 30+ tokens/s ends a 20-word sentence within it
+MAX_BUFFER_DELAY_MS = 5000
 _SEQ = struct.Struct(">I")
 # Pronunciation dictionaries (gpu_worker.text.dictionary) one context may name: the gateway holds a
 # tenant's `start.pronunciations` (names) to it and resolves them into `options.pronunciations`.
@@ -78,6 +80,14 @@ class ContextOptions:
     # (v2) "word": send `alignment` messages, when each word of the text is spoken (docs/alignment.md);
     # a version-1 connection asking for them is refused. None: no timings (left off the wire)
     alignment: Literal["word"] | None = None
+    # continuity across the context's segments (gpu_worker.prompt_window): False prompts every segment
+    # afresh. None: the worker's default (on unless its operator turned it off; left off the wire)
+    continuity: bool | None = None
+    # "auto": the worker cuts the streamed text into segments itself, at sentence ends the text front
+    # end reads as such, and past `max_buffer_delay_ms` at a clause or word break (gpu_worker.chunking);
+    # flush and end still work. None: only the caller's flush/end cut (left off the wire)
+    chunking: Literal["auto"] | None = None
+    max_buffer_delay_ms: int | None = None  # with chunking "auto": [0, 5000], default 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +156,8 @@ class ContextStats:
     proxied: bool = False  # it reached that worker through another worker (wrong-worker proxy)
     trace_id: str = ""  # the request's W3C trace id (`voicering trace`), the same on every hop
     span_id: str = ""  # the span of the worker whose engine spoke it
+    window_tokens: int = 0  # tokens of earlier segments put before this context's prompts (continuity)
+    window_cached_tokens: int = 0  # of those, served by the engine's prefix cache (no prefill)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,12 +263,14 @@ _SERVER_TYPES: dict[str, type] = {"opened": Opened, "done": Done, "error": Error
 _V2_ABSENT: Final[Mapping[str, object]] = {"insist": False, "load": None, "limit": None, "traceparent": None,
                                             "pronunciations": None, "estimated": False}
 # Likewise the trace ids of `done.stats` when there are none (a cancelled context's empty stats).
-_STATS_ABSENT: Final[Mapping[str, object]] = {"trace_id": "", "span_id": ""}
+_STATS_ABSENT: Final[Mapping[str, object]] = {"trace_id": "", "span_id": "", "window_tokens": 0, "window_cached_tokens": 0}
 # Fields nested in a message, left out while they hold these values: `start.options.normalize` and
-# `.pronunciations` unset (older workers refuse an option they do not know), `done.stats`'s trace
-# ids when there are none.
+# `.pronunciations` (and the conversation options) unset (older workers refuse an option they do
+# not know), `done.stats`'s trace ids and window counts when there are none.
 _NESTED_ABSENT: Final[Mapping[str, Mapping[str, object]]] = {
-    "options": {"normalize": None, "pronunciations": None, "alignment": None}, "stats": _STATS_ABSENT}
+    "options": {"normalize": None, "pronunciations": None, "alignment": None, "continuity": None, "chunking": None,
+                "max_buffer_delay_ms": None},
+    "stats": _STATS_ABSENT}
 
 
 def encode(message: ClientMessage | ServerMessage) -> str:
@@ -349,6 +363,17 @@ def _validate_options(o: ContextOptions) -> ContextOptions:
         raise BadRequest("option 'trim_silence' must be true or false")
     if o.normalize is not None and not isinstance(o.normalize, bool):
         raise BadRequest("option 'normalize' must be true or false")
+    if o.continuity is not None and not isinstance(o.continuity, bool):
+        raise BadRequest("option 'continuity' must be true or false")
+    if o.chunking not in (None, "auto"):
+        raise BadRequest(f"option 'chunking' must be \"auto\" (or left out), got {_shown(o.chunking)}")
+    if o.max_buffer_delay_ms is not None:
+        if isinstance(o.max_buffer_delay_ms, bool) or not isinstance(o.max_buffer_delay_ms, int) \
+                or not 0 <= o.max_buffer_delay_ms <= MAX_BUFFER_DELAY_MS:
+            raise BadRequest(f"option 'max_buffer_delay_ms' must be an integer in [0, {MAX_BUFFER_DELAY_MS}], "
+                             f"got {_shown(o.max_buffer_delay_ms)}")
+        if o.chunking != "auto":
+            raise BadRequest("option 'max_buffer_delay_ms' applies to chunking \"auto\" only: set both, or neither")
     if o.alignment not in (None, "word"):
         raise BadRequest(f"option 'alignment' must be \"word\" (or left out), got {_shown(o.alignment)}")
     if o.pronunciations is not None:

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from gpu_worker.adapters.cache import DEFAULT_RECONCILE_S
 from gpu_worker.adapters.store import DEFAULT_CACHE_MAX_BYTES, DEFAULT_REVALIDATE_S
 from gpu_worker.engine import EngineSettings, SamplingOptions
+from gpu_worker.prompt_window import WindowLimits
 from gpu_worker.pronunciations import DEFAULT_CAPACITY as DEFAULT_PRONUNCIATION_CACHE
 from gpu_worker.protocol import MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS
 from hashring.settings import RingSettings
@@ -22,6 +23,7 @@ RELAY_TIMEOUT_S = 20.0  # below every pool's first_audio_timeout_s (30 s): the r
 
 _ENGINE = EngineSettings(model="")
 _SAMPLING = SamplingOptions()
+_WINDOW = WindowLimits()
 
 
 class WorkerSettings(BaseSettings):
@@ -98,6 +100,13 @@ class WorkerSettings(BaseSettings):
                                               "needs libespeak-ng, without which the worker logs it and refuses them")
     alignment_threads: int = Field(1, ge=1, le=64, description="threads timing words off the event loop (each "
                                    "aligns ~60 streams' audio in real time on one CPU core)")
+    continuity: bool = Field(True, description="prompt each segment with the context's earlier segments (text and "
+                             "generated audio tokens, gpu_worker.prompt_window) and turn on the engine's prefix cache, "
+                             "which serves those tokens without prefill; a start's options.continuity=false opts out")
+    continuity_window_tokens: int = Field(_WINDOW.max_tokens, ge=16, le=8192, description="most tokens of earlier "
+                                          "segments before a prompt (docs/worker.md: why 1024)")
+    continuity_window_s: float = Field(_WINDOW.max_audio_s, gt=0, le=60, description="most seconds of earlier audio "
+                                       "before a prompt")
     # hash ring membership: register and heartbeat when a Redis URL is given
     redis_url: str | None = Field(None, description="join the voicering hash ring in this Redis")
     pronunciation_cache_size: int = Field(DEFAULT_PRONUNCIATION_CACHE, ge=1, description="tenants' pronunciation "

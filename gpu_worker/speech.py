@@ -33,6 +33,7 @@ class SegmentStats:
     requests: int = 0
     cut_by_length: int = 0  # requests that ended at their token cap, not at END_OF_SPEECH
     spoke_to_end: int = 0  # requests that ended at END_OF_SPEECH (the rest were aborted)
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache served
 
 
 async def speak_request(
@@ -47,11 +48,13 @@ async def speak_request(
     schedule: ChunkSchedule | None = None,
     fade_in: bool = False,
     fade_out: bool = False,
+    generated: list[int] | None = None,
 ) -> AsyncIterator[np.ndarray]:
     """Yield float32 audio chunks (whole frames of 2048 samples) as soon as each window is decoded.
 
     ``fade_in``/``fade_out``: this request joins another before/after it. Fading out holds each
     chunk back until the next one is decoded (the last one is only known at the end).
+    ``generated``: gets every id the engine generated, as generated (the context's prompt window).
     """
     assembler = FrameAssembler()
     planner = ChunkPlanner(schedule or ChunkSchedule())
@@ -63,6 +66,8 @@ async def speak_request(
     async def windows() -> AsyncIterator[np.ndarray]:
         async with aclosing(engine.speak(voice, request.prompt, options, request.max_tokens, generation)) as tokens:
             async for ids in tokens:
+                if generated is not None:
+                    generated.extend(ids)
                 for frame in assembler.extend(ids):
                     frames.append(frame)
                     while (window := planner.next_window(len(frames))) is not None:
@@ -88,6 +93,7 @@ async def speak_request(
     finally:
         assembler.finish()
         stats.tokens += generation.tokens
+        stats.cached_tokens += generation.cached_tokens
         stats.frames += len(frames)
         stats.invalid_tokens += assembler.invalid
         stats.requests += 1

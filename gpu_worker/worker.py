@@ -20,6 +20,7 @@ from gpu_worker.orpheus import SAMPLE_RATE
 from gpu_worker.metrics import WorkerMetrics, use_json_logs
 from gpu_worker.open_cluster import is_loopback, require_cluster_token
 from gpu_worker.open_files import raise_open_file_limit
+from gpu_worker.prompt_window import WindowLimits
 from gpu_worker.pronunciations import PronunciationCache
 from gpu_worker.reaper import Reaper
 from gpu_worker.scheduler import MAX_BATCH, TICK_S, make_decode_runner
@@ -40,8 +41,15 @@ def engine_settings(settings: WorkerSettings) -> EngineSettings:
         max_cpu_loras=settings.max_cpu_loras, max_lora_rank=settings.max_lora_rank,
         max_num_seqs=settings.max_num_seqs, max_model_len=settings.max_model_len,
         gpu_memory_utilization=settings.gpu_memory_utilization, cpu_kv_cache_gib=settings.cpu_kv_cache_gib,
-        separate_model_process=settings.separate_model_process,
+        separate_model_process=settings.separate_model_process, prefix_caching=settings.continuity,
     )
+
+
+def window_limits(settings: WorkerSettings) -> WindowLimits | None:
+    """How much of a context's past prompts its next segment; None when continuity is off."""
+    if not settings.continuity:
+        return None
+    return WindowLimits(max_tokens=settings.continuity_window_tokens, max_audio_s=settings.continuity_window_s)
 
 
 def context_limits(settings: WorkerSettings) -> ContextLimits:
@@ -139,7 +147,7 @@ async def _serve(settings: WorkerSettings, ready: asyncio.Event | None) -> None:
     aligner = word_aligner(settings)
     deps = ContextDeps(engine, runner, sampling_defaults(settings), context_limits(settings),
                        trim_factory=trim_factory(settings), adapters=adapters, metrics=metrics, worker_id=settings.worker_id,
-                       pronunciations=pronunciations, aligner=aligner)
+                       pronunciations=pronunciations, aligner=aligner, window=window_limits(settings))
     server = WorkerServer(settings, deps)
     if settings.prewarm_voices:
         report = await adapters.prewarm(settings.prewarm_voices)

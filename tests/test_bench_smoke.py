@@ -19,6 +19,8 @@ judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
     burst     tests/test_bench_burst.py         a small burst on the session worker and gateway
     clone     tests/test_bench_clone.py         `voicering bench clone --json --quick`
     text      here                     `voicering bench text --json --rounds 1` (peers absent here are reported so)
+    alignment here                     `voicering bench alignment --json --limit 8 --rounds 1`
+    continuity here                    `voicering bench continuity --json --rounds 1 --sentences 3` (its own engine)
 
 The benches that start workers run one command at a time (each its own), so with the session
 worker at most two engines are alive at once here (three for the proxy bench).
@@ -43,7 +45,7 @@ SMOKED = {
     "codec": "here", "ring": "tests/hashring/test_ring_cli.py", "silence": "here", "worker": "here", "train": "here",
     "proxy": "here", "gateway": "here", "livekit": "here", "capacity": "tests/test_bench_capacity.py",
     "fleet": "tests/test_bench_fleet.py", "burst": "tests/test_bench_burst.py", "clone": "tests/test_bench_clone.py",
-    "text": "here", "alignment": "here",
+    "text": "here", "alignment": "here", "continuity": "here",
 }
 
 
@@ -163,6 +165,18 @@ def test_bench_alignment_runs():
               "by_condition", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["cases"] == 8
     assert figures["words"] > 50 and figures["noise_estimated_share"] == 1.0
+
+
+@pytest.mark.timeout(300)
+def test_bench_continuity_runs():
+    from bench.continuity import TARGETS
+
+    figures = bench("continuity", "--rounds", "1", "--sentences", "3", "--frames", "12", timeout_s=280)
+    has_every(figures, *TARGETS, "window_ttfb_added_limit_ms", "window_tokens_p50", "kv_block_size", "targets_met")
+    assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["segments_paired"] == 2
+    # the window is really there and really repeats what was generated, and the cache serves some of it
+    assert figures["window_ids_match_generated"] and figures["window_tokens_p50"] > 7 * 12
+    assert figures["window_prefix_cache_hit_rate"] > 0.5 and figures["kv_block_size"] == 32
 
 
 @pytest.mark.timeout(300)

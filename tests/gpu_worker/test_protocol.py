@@ -116,6 +116,24 @@ def test_word_timings_round_trip_and_are_asked_for_with_one_word():
                                  "options": {"alignment": "character"}}))
 
 
+@pytest.mark.parametrize(("options", "match"), [
+    ({"continuity": 1}, "continuity"), ({"chunking": "sentence"}, "chunking"),
+    ({"chunking": "auto", "max_buffer_delay_ms": 5001}, "max_buffer_delay_ms"),
+    ({"chunking": "auto", "max_buffer_delay_ms": 1.5}, "max_buffer_delay_ms"),
+    ({"max_buffer_delay_ms": 300}, "chunking"),  # a delay without auto chunking would do nothing
+])
+def test_conversation_options_are_checked(options, match):
+    with pytest.raises(BadMessage, match=match):
+        parse_client(json.dumps({"type": "start", "context_id": "c1", "voice": "tara", "options": options}))
+
+
+def test_conversation_options_round_trip_and_stay_off_the_wire_when_unset():
+    asked = Start("c1", "tara", options=ContextOptions(continuity=False, chunking="auto", max_buffer_delay_ms=0))
+    assert parse_client(encode(asked)).options == asked.options
+    sent = json.loads(encode(Start("c1", "tara")))["options"]
+    assert not {"continuity", "chunking", "max_buffer_delay_ms"} & set(sent)  # older workers take the start
+
+
 def test_insist_must_be_a_boolean():
     with pytest.raises(BadMessage, match="insist") as err:
         parse_client(json.dumps({"type": "start", "context_id": "c1", "voice": "tara", "insist": 1}))
