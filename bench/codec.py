@@ -16,6 +16,14 @@ Decode speed: a warm-up pass of both sides over the first seconds, then ``rounds
 timing ours and the reference back to back (which goes first alternates); seconds of decode per
 second of audio and their ratio are reported as min / median / max over the rounds, the targets
 judged on the median.
+
+First audio (`first_audio`): our decoder under each schedule of ``FIRST_AUDIO_FRAMES`` (first
+audio after 1 frame, no right context, or 2 frames, one frame of right context) over the same
+utterances (the bench's length and shorter ones, a seed each): tokens before first audio, SNR of
+the first chunk (its one frame, the first 85 ms) and of the whole utterance against the offline
+decode, frames out == frames in, and whether the audio after the first frame is the default
+schedule's sample for sample. ``chosen_frames`` applies issue 38's rule: the fewest frames whose
+every utterance keeps ``FIRST_AUDIO_MIN_SNR_DB`` and every frame.
 """
 
 from __future__ import annotations
@@ -26,13 +34,20 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpu_worker.orpheus import AUDIO_BASE, CODEBOOK_SIZE, FRAME_TOKENS, SAMPLE_RATE, SAMPLES_PER_FRAME, Frame, frames_to_ids
 
+if TYPE_CHECKING:
+    from gpu_worker.codec import ChunkSchedule
+
 REFERENCE_WINDOW = 4  # frames per reference decode (28 codes)
 WARM_SECONDS = 3.0
+FIRST_AUDIO_FRAMES = (1, 2)  # schedules compared: first audio after 7 and 14 tokens
+UTTERANCE_SHARES = (1.0, 0.5, 0.25, 0.125)  # first-audio utterances, as shares of the bench's length
+FIRST_AUDIO_MIN_SNR_DB = 45.0  # whole-utterance SNR a schedule must keep to be the default
 TARGETS = {  # figure: (comparison, bound)
     "tokens_before_first_audio": ("<=", 14),
     "frames_out_equals_frames_in": ("==", True),
@@ -63,11 +78,12 @@ class Streamed:
     skipped_windows: int = 0  # reference only: windows refused by its range check
 
 
-def ours_stream(codec, ids: list[int]) -> Streamed:
+def ours_stream(codec, ids: list[int], schedule: ChunkSchedule | None = None) -> Streamed:
+    """Our decoder over the ids, under ``schedule`` (a `ChunkSchedule`; default: the codec's)."""
     from gpu_worker.codec import StreamingDecoder
     from gpu_worker.orpheus import FrameAssembler
 
-    assembler, decoder = FrameAssembler(), StreamingDecoder(codec)
+    assembler, decoder = FrameAssembler(), StreamingDecoder(codec, schedule)
     chunks, first_at, decode_s = [], None, 0.0
     for i, token_id in enumerate(ids):
         frame = assembler.push(token_id)
@@ -84,6 +100,7 @@ def ours_stream(codec, ids: list[int]) -> Streamed:
     decode_s += time.perf_counter() - t
     if tail is not None:
         chunks.append(tail)
+        first_at = first_at if first_at is not None else len(ids)  # an utterance shorter than the first chunk
     return Streamed(np.concatenate(chunks), decode_s, first_at)
 
 
@@ -133,6 +150,35 @@ def _meets(value, op: str, bound) -> bool:
     return {"<=": value <= bound, ">=": value >= bound, "==": value == bound}[op]
 
 
+def first_audio(codec, seconds: float, seed: int) -> dict:
+    """Each schedule of FIRST_AUDIO_FRAMES (and the default) over the same utterances; see the module doc."""
+    from gpu_worker.codec import ChunkSchedule
+
+    default = ChunkSchedule().first_audio_frames
+    schedules = sorted({*FIRST_AUDIO_FRAMES, default})
+    full = seconds * SAMPLE_RATE / SAMPLES_PER_FRAME
+    lengths = list(dict.fromkeys(max(schedules[-1], round(share * full)) for share in UTTERANCE_SHARES))
+    seen = {f: {"tokens": [], "first": [], "whole": [], "kept": True, "later_equal": True} for f in schedules}
+    for k, n in enumerate(lengths):
+        frames = _random_frames(n, seed + k)
+        ids = frames_to_ids(frames)
+        offline = codec.decode_frames(frames)
+        audio = {f: ours_stream(codec, ids, ChunkSchedule.first_audio_after(f)) for f in schedules}
+        later = audio[default].audio[SAMPLES_PER_FRAME:]  # the default's audio after the first frame
+        for f, streamed in audio.items():
+            seen[f]["tokens"].append(streamed.first_audio_after)
+            seen[f]["first"].append(_snr_db(streamed.audio[:SAMPLES_PER_FRAME], offline[:SAMPLES_PER_FRAME]))
+            seen[f]["whole"].append(_snr_db(streamed.audio, offline))
+            seen[f]["kept"] &= len(streamed.audio) == n * SAMPLES_PER_FRAME
+            seen[f]["later_equal"] &= np.array_equal(streamed.audio[SAMPLES_PER_FRAME:], later)
+    rows = [{"first_audio_frames": f, "tokens_before_first_audio": max(v["tokens"]),
+             "first_chunk_snr_db": v["first"], "snr_db_vs_offline": v["whole"],
+             "frames_out_equals_frames_in": v["kept"], "later_audio_equals_default": v["later_equal"],
+             "meets_rule": v["kept"] and min(v["whole"]) >= FIRST_AUDIO_MIN_SNR_DB} for f, v in seen.items()]
+    return {"utterance_frames": lengths, "default_frames": default, "min_snr_db": FIRST_AUDIO_MIN_SNR_DB,
+            "chosen_frames": next((r["first_audio_frames"] for r in rows if r["meets_rule"]), None), "schedules": rows}
+
+
 def run(seconds: float = 10.0, seed: int = 0, codec_dir: str | None = None, rounds: int = 3) -> dict:
     from gpu_worker.codec import SnacCodec, set_cpu_threads
     from gpu_worker.stand_in import build_snac
@@ -168,6 +214,8 @@ def run(seconds: float = 10.0, seed: int = 0, codec_dir: str | None = None, roun
         "frames_out_equals_frames_in": len(ours.audio) == n * SAMPLES_PER_FRAME,
         "tokens_before_first_audio": ours.first_audio_after,
         "snr_db_vs_offline": _snr_db(ours.audio, offline),
+        "first_chunk_snr_db": _snr_db(ours.audio[:SAMPLES_PER_FRAME], offline[:SAMPLES_PER_FRAME]),
+        "first_audio": first_audio(codec, seconds, seed),
         "decode_s_per_audio_s": _spread(ours_rate),
         "reference_tokens_before_first_audio": ref.first_audio_after,
         "reference_frames_out": len(ref.audio) / SAMPLES_PER_FRAME,

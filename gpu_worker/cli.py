@@ -46,6 +46,8 @@ def worker(
     max_cpu_loras: int | None = typer.Option(None, help="Adapters kept in the engine's CPU cache (LRU)."),
     max_lora_rank: int | None = typer.Option(None, help="Largest adapter rank this worker accepts."),
     codec_policy: str | None = typer.Option(None, help="Codec decode policy: auto, batched, sequential."),
+    first_audio_frames: int | None = typer.Option(None, help="Frames (7 tokens each) before a stream's first audio: "
+                                                  "1 to 3 (1: sooner, its first 85 ms less faithful)."),
     prewarm: list[str] | None = typer.Option(None, "--prewarm", help="Voice to load before serving (repeatable)."),
     trim_silence: bool | None = typer.Option(None, "--trim-silence/--no-trim-silence", help="Drop head silence at serving time."),
     redis: str | None = typer.Option(None, "--redis", help="Join the hash ring in this Redis (redis://...)."),
@@ -66,6 +68,7 @@ def worker(
     given = dict(model=model, codec=codec, voices_dir=voices_dir, host=host, port=port, worker_id=worker_id,
                  quantization=quantization, max_loras=max_loras, max_streams=max_streams, constraint=constraint,
                  max_cpu_loras=max_cpu_loras, max_lora_rank=max_lora_rank, codec_policy=codec_policy,
+                 first_audio_frames=first_audio_frames,
                  prewarm_voices=tuple(prewarm) if prewarm else None, trim_silence=trim_silence, redis_url=redis)
     try:
         settings = WorkerSettings(**{k: v for k, v in given.items() if v is not None})

@@ -1,8 +1,10 @@
 """SNAC 24 kHz codec: loading, encode, windowed decode, and the streaming decoder.
 
 Streaming decodes windows of ``left context + new frames + right context`` and keeps exactly the
-2048 samples of each new frame. The first chunk needs only 2 frames (14 tokens); later chunks grow
-so codec work per emitted second falls; the final flush emits every remaining frame.
+2048 samples of each new frame. The first chunk is one frame, by default decoded with one frame of
+right context (first audio after 2 frames, 14 tokens; ``ChunkSchedule.first_audio_after(1)``: 7
+tokens, at a cost in that frame's fidelity); later chunks grow so codec work per emitted second
+falls; the final flush emits every remaining frame.
 
 SNAC's NoiseBlock draws fresh noise on every call, so two decodes of the same codes differ. We
 replace it with noise indexed by *absolute* sample position (a fixed table per codec, a per-stream
@@ -15,13 +17,13 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from torch import nn
 
-from gpu_worker.orpheus import SAMPLE_RATE, SAMPLES_PER_FRAME, Frame, frames_from_levels, levels_from_frames
+from gpu_worker.orpheus import FRAME_TOKENS, SAMPLE_RATE, SAMPLES_PER_FRAME, Frame, frames_from_levels, levels_from_frames
 
 LATENT_PER_FRAME = 4  # SNAC 24 kHz: hop 512, level-0 stride 4 -> 2048 samples per frame
 NOISE_PERIOD_LATENT = 4096  # noise repeats every 4096 latent steps (~87 s)
@@ -29,7 +31,13 @@ NOISE_PERIOD_LATENT = 4096  # noise repeats every 4096 latent steps (~87 s)
 
 @dataclass(frozen=True, slots=True)
 class ChunkSchedule:
-    """When the streaming decoder emits, and how much context each window carries (in frames)."""
+    """When the streaming decoder emits, and how much context each window carries (in frames).
+
+    The first chunk's right context is the one trade: without it (first audio after 7 tokens) that
+    frame is ~19 dB from the offline decode, with one frame (14 tokens, the default) ~38 dB (random
+    SNAC weights), and every later window is the same either way (docs/benchmarks.md, "First audio
+    after one frame").
+    """
 
     first_frames: int = 1  # frames emitted by the first chunk
     first_right: int = 1  # right context of the first chunk: first audio after 2 frames = 14 tokens
@@ -38,8 +46,21 @@ class ChunkSchedule:
     growth: float = 2.0
     max_frames: int = 8
 
+    @classmethod
+    def first_audio_after(cls, frames: int) -> ChunkSchedule:
+        """The default schedule, its first one-frame chunk decoded once ``frames`` frames exist
+        (1: no right context; at most ``right + 1``: as much as later chunks carry)."""
+        default = cls()
+        if not 1 <= frames <= default.right + 1:
+            raise ValueError(f"first audio after {frames} frames: choose 1 to {default.right + 1}")
+        return replace(default, first_frames=1, first_right=frames - 1)
+
+    @property
+    def first_audio_frames(self) -> int:
+        return self.first_frames + self.first_right
+
     def tokens_before_first_audio(self) -> int:
-        return 7 * (self.first_frames + self.first_right)
+        return FRAME_TOKENS * self.first_audio_frames
 
 
 @dataclass(frozen=True, slots=True)

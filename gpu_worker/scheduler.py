@@ -10,9 +10,12 @@ path awaits; two policies sit behind it:
   would change the samples; grouping keeps batched audio equal to sequential audio (up to float
   rounding). The streaming
   planner's windows come in few lengths (2, 4, 6, 8 then 12 frames in steady state, plus one
-  final window per context), so groups fill well once several streams are live.
+  final window per context; the first is 1 frame with first audio after one frame), so groups
+  fill well once several streams are live.
 
-`make_decode_runner` picks the policy by device ("auto": batched on CUDA, sequential on CPU).
+`make_decode_runner` picks the policy by device ("auto": batched on CUDA, sequential on CPU). The
+runner also carries the worker's `ChunkSchedule` (`runner.schedule`): `speech.py` plans every
+stream's windows by it, and the batched runner warms exactly the window lengths it produces.
 
 Every awaiting stream gets its audio or an error, whatever happens to the runner: a batcher task
 that dies fails the windows it held (and the next window starts a new one), and `aclose` fails
@@ -57,8 +60,10 @@ class DecodeRunner:
 
     policy = "sequential"
 
-    def __init__(self, codec: SnacCodec, metrics: WorkerMetrics | None = None) -> None:
+    def __init__(self, codec: SnacCodec, metrics: WorkerMetrics | None = None,
+                 schedule: ChunkSchedule | None = None) -> None:
         self.codec = codec
+        self.schedule = schedule or ChunkSchedule()  # every stream's windows, planned in speech.py
         self._metrics = metrics
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="codec")
         self.pending = 0
@@ -126,8 +131,10 @@ class BatchedDecodeRunner:
     policy = "batched"
 
     def __init__(self, codec: SnacCodec, *, tick_s: float = TICK_S, max_batch: int = MAX_BATCH,
-                 buckets: Sequence[int] = BATCH_BUCKETS, metrics: WorkerMetrics | None = None) -> None:
+                 buckets: Sequence[int] = BATCH_BUCKETS, metrics: WorkerMetrics | None = None,
+                 schedule: ChunkSchedule | None = None) -> None:
         self.codec = codec
+        self.schedule = schedule or ChunkSchedule()  # every stream's windows, planned in speech.py
         self.tick_s = tick_s
         self.max_batch = max_batch
         self.buckets = tuple(b for b in buckets if b <= max_batch) or (max_batch,)
@@ -266,13 +273,15 @@ def resolve_policy(policy: CodecPolicy, device: str) -> Literal["batched", "sequ
 
 
 def make_decode_runner(codec: SnacCodec, policy: CodecPolicy = "auto", *, tick_s: float = TICK_S, max_batch: int = MAX_BATCH,
-                       compile_decoder: bool | None = None, metrics: WorkerMetrics | None = None) -> DecodeRunner | BatchedDecodeRunner:
+                       compile_decoder: bool | None = None, metrics: WorkerMetrics | None = None,
+                       schedule: ChunkSchedule | None = None) -> DecodeRunner | BatchedDecodeRunner:
     """The runner for this device: batched (+ compile warm-up) on CUDA, sequential on CPU, unless overridden."""
     chosen = resolve_policy(policy, codec.device)
     if chosen == "sequential":
-        return DecodeRunner(codec, metrics=metrics)
-    runner = BatchedDecodeRunner(codec, tick_s=tick_s, max_batch=max_batch, metrics=metrics)
+        return DecodeRunner(codec, metrics=metrics, schedule=schedule)
+    runner = BatchedDecodeRunner(codec, tick_s=tick_s, max_batch=max_batch, metrics=metrics, schedule=schedule)
     on_cuda = codec.device.startswith("cuda")
     if on_cuda:
-        runner.warm_up(planner_window_lengths(), compile_decoder=on_cuda if compile_decoder is None else compile_decoder)
+        runner.warm_up(planner_window_lengths(runner.schedule),
+                       compile_decoder=on_cuda if compile_decoder is None else compile_decoder)
     return runner

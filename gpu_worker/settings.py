@@ -89,6 +89,11 @@ class WorkerSettings(BaseSettings):
                                                                 "(default: the scheduler's TICK_S)")
     codec_max_batch: int | None = Field(None, ge=1, description="windows per codec call (default: the scheduler's MAX_BATCH)")
     codec_compile: bool | None = Field(None, description="torch.compile the SNAC decoder (default: on CUDA only)")
+    first_audio_frames: int | None = Field(
+        None, ge=1, le=3, description="frames generated (7 tokens each) before a stream's first audio is decoded: "
+        "1 speaks one frame (~70 ms on a GPU) sooner, its first 85 ms decoded without right context and so less "
+        "faithful (docs/benchmarks.md); 3 gives it the right context later chunks carry (default: the codec's "
+        "ChunkSchedule)")
     # sampling defaults (Orpheus reference values, from SamplingOptions)
     temperature: float = _SAMPLING.temperature
     top_p: float = _SAMPLING.top_p

@@ -52,12 +52,13 @@ async def speak_request(
 ) -> AsyncIterator[np.ndarray]:
     """Yield float32 audio chunks (whole frames of 2048 samples) as soon as each window is decoded.
 
+    ``schedule``: when to decode (default: the runner's, which the worker builds from its settings).
     ``fade_in``/``fade_out``: this request joins another before/after it. Fading out holds each
     chunk back until the next one is decoded (the last one is only known at the end).
     ``generated``: gets every id the engine generated, as generated (the context's prompt window).
     """
     assembler = FrameAssembler()
-    planner = ChunkPlanner(schedule or ChunkSchedule())
+    planner = ChunkPlanner(schedule or runner.schedule)
     frames = []
     generation = GenerationStats()
     held: np.ndarray | None = None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from gpu_worker.adapters import AdapterCache, AdapterStore
 from gpu_worker.cluster import drain, join_cluster
 from gpu_worker.loop_watchdog import LoopWatchdog, dump_stacks_on_sigusr1
-from gpu_worker.codec import SnacCodec, set_cpu_threads
+from gpu_worker.codec import ChunkSchedule, SnacCodec, set_cpu_threads
 from gpu_worker.engine import EngineSettings, SamplingOptions, SpeechEngine
 from gpu_worker.errors import EngineError
 from gpu_worker.orpheus import SAMPLE_RATE
@@ -56,6 +56,13 @@ def context_limits(settings: WorkerSettings) -> ContextLimits:
     return ContextLimits(max_text_chars=settings.max_text_chars, max_queued_segments=settings.max_queued_segments,
                          max_context_backlog_chars=settings.max_context_backlog_chars,
                          idle_timeout_s=settings.idle_timeout_s)
+
+
+def chunk_schedule(settings: WorkerSettings) -> ChunkSchedule:
+    """When every stream's first audio is decoded (the codec's default unless the operator chose)."""
+    if settings.first_audio_frames is None:
+        return ChunkSchedule()
+    return ChunkSchedule.first_audio_after(settings.first_audio_frames)
 
 
 def sampling_defaults(settings: WorkerSettings) -> SamplingOptions:
@@ -136,7 +143,7 @@ async def _serve(settings: WorkerSettings, ready: asyncio.Event | None) -> None:
     engine = await SpeechEngine.start(engine_settings(settings))
     tick_s = settings.codec_tick_ms / 1000.0 if settings.codec_tick_ms is not None else TICK_S
     runner = make_decode_runner(codec, settings.codec_policy, tick_s=tick_s, max_batch=settings.codec_max_batch or MAX_BATCH,
-                                compile_decoder=settings.codec_compile, metrics=metrics)
+                                compile_decoder=settings.codec_compile, metrics=metrics, schedule=chunk_schedule(settings))
     store = adapter_store(settings)
     # the engine's CPU cache holds max(max_cpu_loras, max_loras) adapters (see EngineSettings)
     adapters = AdapterCache(store, engine.load_adapter, max(settings.max_cpu_loras, settings.max_loras), metrics,
@@ -166,7 +173,8 @@ async def _serve(settings: WorkerSettings, ready: asyncio.Event | None) -> None:
     cluster = await membership.__aenter__()
     if cluster is not None:
         server.join(cluster.forwarder, cluster.heat)
-    log.info("worker %s listening on ws://%s:%d (codec %s)", settings.worker_id, settings.host, settings.port, runner.policy)
+    log.info("worker %s listening on ws://%s:%d (codec %s, first audio after %d tokens)", settings.worker_id, settings.host,
+             settings.port, runner.policy, runner.schedule.tokens_before_first_audio())
     print(f"voicering worker ready on ws://{settings.host}:{settings.port}", flush=True)
     if ready is not None:
         ready.set()

@@ -38,6 +38,19 @@ def test_ours_speaks_after_14_tokens_and_emits_every_frame():
     assert _emitted(ours.audio) == list(range(10))
 
 
+def test_ours_set_to_one_frame_speaks_after_7_tokens_and_emits_every_frame():
+    from gpu_worker.codec import ChunkSchedule
+
+    ours = ours_stream(FrameIdCodec(), frames_to_ids(_frames(10)), ChunkSchedule.first_audio_after(1))
+    assert ours.first_audio_after == 7
+    assert _emitted(ours.audio) == list(range(10))
+
+
+def test_an_utterance_shorter_than_the_first_chunk_speaks_at_its_end():
+    ours = ours_stream(FrameIdCodec(), frames_to_ids(_frames(1)))
+    assert ours.first_audio_after == 7 and _emitted(ours.audio) == [0]
+
+
 def test_a_code_zero_shifts_the_reference_slots_and_costs_it_audio():
     frames = _frames(10)
     frames[1] = Frame(101, (1, 2), (0, 4, 5, 6))  # slot 2 of frame 1 carries code 0

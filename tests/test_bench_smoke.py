@@ -91,9 +91,22 @@ def test_bench_codec_runs():
     from bench.codec import TARGETS
 
     figures = bench("codec", "--seconds", "1", timeout_s=170)
-    has_every(figures, *TARGETS, "decode_s_per_audio_s", "reference_decode_s_per_audio_s", "targets_met")
+    has_every(figures, *TARGETS, "decode_s_per_audio_s", "reference_decode_s_per_audio_s", "targets_met",
+              "first_chunk_snr_db", "first_audio")
     assert set(figures["targets_met"]) == set(TARGETS)
     assert figures["frames_in"] == 12 and figures["frames_out_equals_frames_in"]
+    # sanity floors, far below the figures (~19 dB for a frame decoded alone): a broken decode is ~0 dB
+    assert figures["first_chunk_snr_db"] > 10
+    first_audio = figures["first_audio"]
+    rows = {row["first_audio_frames"]: row for row in first_audio["schedules"]}
+    assert set(rows) == {1, 2} and first_audio["default_frames"] in rows
+    assert first_audio["utterance_frames"][0] == 12  # the bench's own utterance first, then shorter ones
+    assert rows[first_audio["default_frames"]]["first_chunk_snr_db"][0] == figures["first_chunk_snr_db"]
+    for frames, row in rows.items():
+        assert row["tokens_before_first_audio"] == 7 * frames
+        assert row["frames_out_equals_frames_in"] and row["later_audio_equals_default"]
+        assert len(row["snr_db_vs_offline"]) == len(first_audio["utterance_frames"])
+        assert min(row["first_chunk_snr_db"]) > 10 and min(row["snr_db_vs_offline"]) > 15
 
 
 @pytest.mark.timeout(180)
