@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(VENV)/bin/voicering bench text --json
 	$(VENV)/bin/voicering bench alignment --json
 	$(VENV)/bin/voicering bench continuity --json
+	$(VENV)/bin/voicering bench chunking --json
 
 clean:
 	rm -rf $(VENV) out .cache

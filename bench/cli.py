@@ -116,6 +116,15 @@ def continuity(
     _emit(run(rounds=rounds, frames=frames, sentences=sentences, block_size=block_size or None), as_json)
 
 
+@app.command("chunking")
+def chunking(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """Where streamed LLM text is cut into segments: the worker's auto chunking beside the LiveKit
+    plugin's splitter, on replies full of abbreviations, decimals, times, addresses and tags."""
+    from bench.chunking import run
+
+    _emit(run(), as_json)
+
+
 @app.command("ring")
 def ring(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Lookup speed against uhashring, spread, movement, and routing under stale loads for 64 workers."""

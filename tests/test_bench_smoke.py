@@ -21,6 +21,7 @@ judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
     text      here                     `voicering bench text --json --rounds 1` (peers absent here are reported so)
     alignment here                     `voicering bench alignment --json --limit 8 --rounds 1`
     continuity here                    `voicering bench continuity --json --rounds 1 --sentences 3` (its own engine)
+    chunking  here                     `voicering bench chunking --json` (full size: pure text, a second)
 
 The benches that start workers run one command at a time (each its own), so with the session
 worker at most two engines are alive at once here (three for the proxy bench).
@@ -45,7 +46,7 @@ SMOKED = {
     "codec": "here", "ring": "tests/hashring/test_ring_cli.py", "silence": "here", "worker": "here", "train": "here",
     "proxy": "here", "gateway": "here", "livekit": "here", "capacity": "tests/test_bench_capacity.py",
     "fleet": "tests/test_bench_fleet.py", "burst": "tests/test_bench_burst.py", "clone": "tests/test_bench_clone.py",
-    "text": "here", "alignment": "here", "continuity": "here",
+    "text": "here", "alignment": "here", "continuity": "here", "chunking": "here",
 }
 
 
@@ -190,6 +191,14 @@ def test_bench_continuity_runs():
     # the window is really there and really repeats what was generated, and the cache serves some of it
     assert figures["window_ids_match_generated"] and figures["window_tokens_p50"] > 7 * 12
     assert figures["window_prefix_cache_hit_rate"] > 0.5 and figures["kv_block_size"] == 32
+
+
+@pytest.mark.timeout(120)
+def test_bench_chunking_runs():
+    figures = bench("chunking", timeout_s=100)
+    has_every(figures, "worker_wrong_cuts", "plugin_wrong_cuts", "worker", "plugin", "targets_met")
+    assert figures["config"]["sentences"] == 30 and figures["worker"]["ends_cut_share"] > 0.5
+    assert figures["worker_wrong_cuts"] == 0  # a cut inside a sentence would be a regression of the rule
 
 
 @pytest.mark.timeout(300)
