@@ -135,6 +135,23 @@ async def test_a_relayed_context_carries_the_owner_s_word_timings(cluster, ring)
     assert [w[1:] for w in words] == [pytest.approx(w[1:], abs=0.02) for w in direct_words]
 
 
+async def test_a_relayed_context_keeps_its_prompt_window_at_the_owner(cluster, ring):
+    """Continuity survives a relay: the owner speaks every segment, so it holds the window, and the
+    audio equals the owner's own with the same window."""
+    voice = owned_by(ring, "worker-b")
+    spoken = {}
+    for entry in ("worker-a", "worker-b"):
+        async with await WorkerClient.connect(cluster[entry].url) as client:
+            stream = await client.start(voice, "The first part of it.", options=replace(FAST, max_tokens=7 * 20 + 1))
+            await stream.flush()
+            await stream.push("And the second part.")
+            spoken[entry] = await collect(stream)
+    relayed, direct = spoken["worker-a"], spoken["worker-b"]
+    assert relayed.done.stats.proxied is True and relayed.done.stats.served_by == "worker-b"
+    assert relayed.done.stats.window_tokens == direct.done.stats.window_tokens > 7 * 20
+    assert relayed.pcm == direct.pcm
+
+
 async def test_a_relayed_start_reads_its_pronunciations_once_at_the_owner(cluster, ring, redis_server):
     """The references travel with the relayed start; the owner reads the dictionary and applies it
     (before normalization, once): equal to the owner speaking the rewritten text directly."""
