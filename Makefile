@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(VENV)/bin/voicering bench proxy --json
 	$(VENV)/bin/voicering bench gateway --json
 	$(VENV)/bin/voicering bench livekit --json
+	$(VENV)/bin/voicering bench pipecat --json
 	$(VENV)/bin/voicering bench capacity --json
 	$(VENV)/bin/voicering bench fleet --json
 	$(VENV)/bin/voicering bench burst --json

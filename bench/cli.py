@@ -205,6 +205,20 @@ def livekit(
     _emit(run(rounds=1, first_sentence_rounds=1, interrupts=1, turns=10) if quick else run(rounds=rounds), as_json)
 
 
+@app.command("pipecat")
+def pipecat(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    rounds: int = typer.Option(10, help="Service and raw websocket turns, one of each per round."),
+    quick: bool = typer.Option(False, "--quick", help="One round, one interruption, 10 turns: a smoke run (the "
+                                                      "suite's), figures not comparable."),
+) -> None:
+    """The Pipecat TTS service in a real pipeline against a real gateway and worker: TTFB added over a
+    raw websocket, interruption to silence, sockets after 30 turns, failed turns."""
+    from bench.pipecat import run
+
+    _emit(run(rounds=1, interrupts=1, turns=10) if quick else run(rounds=rounds), as_json)
+
+
 def _levels(text: str | None) -> tuple[int, ...] | None:
     if not text:
         return None

@@ -14,6 +14,7 @@ judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
     proxy     here                     `voicering bench proxy --json --rounds 1` (two workers of its own)
     gateway   here                     `voicering bench gateway --json --rounds 1 --concurrent 2`
     livekit   here                     `voicering bench livekit --json --quick` (a worker of its own)
+    pipecat   here                     `voicering bench pipecat --json --quick` (a worker and gateway of its own)
     capacity  tests/test_bench_capacity.py      bench.capacity.run, levels 1 and 4 (a worker of its own)
     fleet     tests/test_bench_fleet.py         bench.fleet.measure on the suite's three workers
     burst     tests/test_bench_burst.py         a small burst on the session worker and gateway
@@ -44,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 # bench -> where its smoke is (this module's tests are named test_bench_<name>_runs...)
 SMOKED = {
     "codec": "here", "ring": "tests/hashring/test_ring_cli.py", "silence": "here", "worker": "here", "train": "here",
-    "proxy": "here", "gateway": "here", "livekit": "here", "capacity": "tests/test_bench_capacity.py",
+    "proxy": "here", "gateway": "here", "livekit": "here", "pipecat": "here", "capacity": "tests/test_bench_capacity.py",
     "fleet": "tests/test_bench_fleet.py", "burst": "tests/test_bench_burst.py", "clone": "tests/test_bench_clone.py",
     "text": "here", "alignment": "here", "continuity": "here", "chunking": "here",
 }
@@ -168,6 +169,16 @@ def test_bench_livekit_runs():
     has_every(figures, *TARGETS, "plugin_ttfb_ms_p50", "direct_ttfb_ms_p50", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS)
     assert figures["config"]["turns"] == 10 and figures["failed_turns"] == 0
+
+
+@pytest.mark.timeout(600)
+def test_bench_pipecat_runs():
+    from bench.pipecat import TARGETS
+
+    figures = bench("pipecat", "--quick", timeout_s=580)
+    has_every(figures, *TARGETS, "service_ttfb_ms_p50", "raw_ttfb_ms_p50", "paired_ttfb_diff_ms_p50", "targets_met")
+    assert set(figures["targets_met"]) == set(TARGETS)
+    assert figures["config"]["turns"] == 10 and figures["failed_turns"] == 0 and figures["sockets_per_service"] == 1
 
 
 @pytest.mark.timeout(300)
