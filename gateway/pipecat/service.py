@@ -121,8 +121,9 @@ class VoiceringTTSService(WebsocketTTSService):
             url: the gateway's base URL; the stream's path is added.
             settings: voice and options (`VoiceringTTSService.Settings`); ``voice`` is required.
             text_aggregation_mode: SENTENCE (default) flushes each sentence to the gateway as soon as
-                Pipecat's aggregator completes it. TOKEN sends tokens as they come and flushes at
-                the end of the LLM response only (the gateway does not yet cut segments itself).
+                Pipecat's aggregator completes it. TOKEN sends tokens as they come with
+                `chunking: "auto"`: the worker speaks each sentence once it is complete (never cut
+                inside "Dr.", a number or an address) and ends the context at the response's end.
             open_timeout_s: the websocket handshake's limit.
             reconnect_attempts: dials after a socket was lost or closed (a drain's 1001) before
                 the service reports it cannot reach the gateway; back-off between them as Pipecat's
@@ -434,7 +435,7 @@ class VoiceringTTSService(WebsocketTTSService):
             await self._connect_websocket()  # raises why not
             self._read()
         ctx = self._contexts[context_id] = _Context(context_id, self._websocket)
-        await self._send(ctx, start_message(context_id, text, self._settings))
+        await self._send(ctx, start_message(context_id, text, self._settings, auto_chunking=self._is_streaming_tokens))
         ctx.started_at = time.perf_counter()
         return ctx
 

@@ -9,12 +9,11 @@ changes a voice mid-sentence.
     settings -> start_message(context_id, text, settings) -> the `start`'s JSON (docs/api.md)
 
 Every option left at None is left off the wire (the gateway's default applies), so a gateway that
-predates an option is never sent it: `continuity` (issue 38) is the case today.
+predates an option is never sent it.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 
 from pipecat.services.settings import TTSSettings
@@ -48,8 +47,8 @@ class VoiceringTTSSettings(TTSSettings):
         alignment: ask for word timings (``options.alignment: "word"``), which become Pipecat's
             word-timestamp frames (TTSTextFrame with a PTS). False: the sentence's text is pushed
             once its audio ends.
-        continuity: prompt each sentence with what the turn said before (issue 38); None: the
-            gateway's default, and the option is not sent.
+        continuity: prompt each sentence with what the turn said before (the voice carries its
+            prosody across sentences); None: the gateway's default (on), and the option is not sent.
         normalize: read numbers, dates, currency... as spoken (None: on); False speaks the text as
             written, for text you normalized yourself.
     """
@@ -74,35 +73,26 @@ def default_settings() -> VoiceringTTSSettings:
     return VoiceringTTSSettings(**{**values, "alignment": True})
 
 
-def start_message(context_id: str, text: str, settings: VoiceringTTSSettings) -> str:
-    """The `start` of one context: its voice, first text and options, as the gateway reads them."""
+def start_message(context_id: str, text: str, settings: VoiceringTTSSettings, *, auto_chunking: bool = False) -> str:
+    """The `start` of one context: its voice, first text and options, as the gateway reads them.
+    ``auto_chunking``: the service streams tokens, so the worker cuts segments (`chunking: "auto"`)."""
     options = ContextOptions(**{name: getattr(settings, name) for name in UTTERANCE_OPTIONS},
-                             normalize=settings.normalize, alignment="word" if settings.alignment else None)
+                             normalize=settings.normalize, alignment="word" if settings.alignment else None,
+                             continuity=settings.continuity, chunking="auto" if auto_chunking else None)
     names = tuple(settings.pronunciations) if settings.pronunciations is not None else None
-    message = encode(Start(context_id, settings.voice or "", text, options, pronunciations=names))
-    if settings.continuity is None:
-        return message
-    payload = json.loads(message)  # an option the protocol's dataclass does not hold yet (issue 38)
-    payload.setdefault("options", {})["continuity"] = settings.continuity
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return encode(Start(context_id, settings.voice or "", text, options, pronunciations=names))
 
 
 def check_settings(settings: VoiceringTTSSettings) -> str | None:
     """Why the gateway would refuse a start with these settings (read by the protocol's own
-    parser), or None. `continuity` is the gateway's to judge: older gateways do not know it."""
+    parser), or None."""
     if not settings.voice:
         return "a voice is required: VoiceringTTSService.Settings(voice='your-voice')"
     missing = [f.name for f in fields(settings) if f.name != "extra" and not is_given(getattr(settings, f.name))]
     if missing:
         return f"settings not set: {', '.join(missing)}"
     try:
-        parse_client(start_message("check", "", _without_continuity(settings)))
+        parse_client(start_message("check", "", settings))
     except BadMessage as exc:
         return exc.message
     return None
-
-
-def _without_continuity(settings: VoiceringTTSSettings) -> VoiceringTTSSettings:
-    copy = settings.copy()
-    copy.continuity = None
-    return copy

@@ -7,8 +7,9 @@
    time are printed (docs/pipecat.md).
 2. The service's modules import only pipecat, websockets, loguru, the standard library and the
    worker protocol's messages (read from the source), and importing it loads no server module.
-3. The `start` its settings become: options left unset stay off the wire (`continuity` above all:
-   today's gateway does not know it), and settings the gateway would refuse are refused at once.
+3. The `start` its settings become: options left unset stay off the wire (a gateway that predates
+   an option is never sent it), token streaming asks the worker to cut segments (`chunking: "auto"`),
+   and settings the gateway would refuse are refused at once.
 """
 
 from __future__ import annotations
@@ -170,6 +171,10 @@ def test_unset_options_stay_off_the_wire_and_continuity_goes_only_when_set():
     assert full["options"]["continuity"] is False and full["options"]["normalize"] is False
     assert "alignment" not in full["options"] and full["pronunciations"] == ["medical"]
     assert full["options"]["seed"] == 7 and full["options"]["temperature"] == 0.3
+    assert parse_client(start_message("c1", "Hi.", settings(continuity=False))).options.continuity is False
+    assert "chunking" not in plain["options"]  # sentence mode: the service flushes each sentence itself
+    tokens = parse_client(start_message("c1", "Hi", settings(), auto_chunking=True))
+    assert tokens.options.chunking == "auto"  # token mode: the worker decides when to speak
 
 
 def test_settings_the_gateway_would_refuse_are_refused_at_construction():

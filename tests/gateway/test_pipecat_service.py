@@ -24,6 +24,7 @@ from pipecat.frames.frames import (ErrorFrame, Frame, InterruptionFrame, Interru
                                    LLMFullResponseStartFrame, LLMTextFrame, MetricsFrame, TTSAudioRawFrame,
                                    TTSStartedFrame, TTSStoppedFrame, TTSTextFrame)
 from pipecat.metrics.metrics import TTFBMetricsData
+from pipecat.services.tts_service import TextAggregationMode
 from pipecat.utils.errors import ErrorCategory
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
@@ -100,6 +101,23 @@ async def test_a_turn_speaks_with_word_timestamps_in_order_and_pipecat_s_ttfb(ga
     assert len(ttfb) == 1 and ttfb[0] < 120  # Pipecat's TTFB of the turn: its first text to its first audio
     assert pcm(spoken)
     assert tts.sockets_opened == 1 and tts.open_sockets == 0  # two turns, one websocket (closed at the end)
+    await worker.wait_idle()
+
+
+async def test_token_streaming_lets_the_worker_cut_the_sentences(gateway, worker, new_tenant):
+    """TOKEN aggregation: the LLM's tokens go to the gateway as they come, with `chunking: "auto"`,
+    and no flush; the turn speaks every word, in order (the worker's cuts: test_auto_chunking.py)."""
+    _, key = await new_tenant()
+    reply = "Sure, Dr. Smith is in at 3 p.m. today. She can see you then."
+    tts = VoiceringTTSService(api_key=key, url=gateway.url, text_aggregation_mode=TextAggregationMode.TOKEN,
+                              settings=VoiceringTTSService.Settings(voice="tara", seed=5, max_tokens=22))
+    async with running(tts) as bot:
+        frames = await bot.turn(reply)
+        assert not bot.errors()
+    assert pcm(frames)
+    timed = [f.text for f in frames if isinstance(f, TTSTextFrame)]
+    # each word as written, once, in order: "Dr." and "3 p.m." are one word each, as the text front end reads them
+    assert timed == ["Sure", "Dr.", "Smith", "is", "in", "at", "3 p.m.", "today", "She", "can", "see", "you", "then"]
     await worker.wait_idle()
 
 
