@@ -19,14 +19,19 @@ START_UP = {"gpu_worker.open_cluster", "gpu_worker.open_files"}
 ENTRY_POINTS = {"gateway/serve.py", "gateway/livekit/agent.py", "gateway/livekit/cli.py"}
 
 
-def imported(path: Path) -> set[str]:
+def module_imports(path: Path) -> set[str]:
+    """Every module a source file imports by absolute name (read from its syntax tree)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-    return {name for name in names if name == "gpu_worker" or name.startswith("gpu_worker.")}
+    return names
+
+
+def imported(path: Path) -> set[str]:
+    return {name for name in module_imports(path) if name == "gpu_worker" or name.startswith("gpu_worker.")}
 
 
 def allowed(relative: str) -> set[str]:

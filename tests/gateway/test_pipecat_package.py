@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
@@ -30,6 +29,7 @@ from gateway.pipecat.errors import category_of, from_status
 from gateway.pipecat.settings import default_settings, start_message
 from gpu_worker.protocol import parse_client
 from tests.fixtures.models import REPO
+from tests.gateway.test_import_rule import module_imports
 from tests.gateway.test_livekit_plugin_package import _site_packages_mb, _source_copy
 
 ABSENT = ("torch", "vllm", "transformers", "fastapi", "uvicorn")
@@ -118,14 +118,6 @@ async def test_a_fresh_environment_with_only_the_pipecat_extra_speaks_a_turn(pip
           f"`from gateway.pipecat import VoiceringTTSService` in a new interpreter: {min(imports):.2f} s (best of 3)")
 
 
-def _imports(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-        elif isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-    return names
 
 
 def _beyond_rule(names: set[str]) -> set[str]:
@@ -139,7 +131,7 @@ def _beyond_rule(names: set[str]) -> set[str]:
 def test_the_service_imports_only_pipecat_websockets_and_the_protocol():
     files = sorted((REPO / "gateway" / "pipecat").glob("*.py"))
     assert len(files) >= 4
-    assert {f.name: _beyond_rule(_imports(f)) for f in files} == {f.name: set() for f in files}
+    assert {f.name: _beyond_rule(module_imports(f)) for f in files} == {f.name: set() for f in files}
     assert _beyond_rule({"gateway.api.stream", "gpu_worker.client", "fastapi", "json"}) == {
         "gateway.api.stream", "gpu_worker.client", "fastapi"}  # the rule can fail
 
