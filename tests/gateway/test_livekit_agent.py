@@ -168,12 +168,22 @@ class TimingAgent(Agent):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.timed: list[TimedString] = []
+        self._more = asyncio.Condition()
 
     async def transcription_node(self, text, model_settings):
         async for piece in text:
             if isinstance(piece, TimedString):
                 self.timed.append(piece)
+                async with self._more:
+                    self._more.notify_all()
             yield piece
+
+    async def words(self, count: int) -> list[TimedString]:
+        """The first ``count`` timed words, once the framework has passed them through this node (the
+        node runs as its own task: the last words may follow the turn's last audio)."""
+        async with self._more:
+            await self._more.wait_for(lambda: len([t for t in self.timed if t.strip()]) >= count)
+        return [t for t in self.timed if t.strip()]
 
 
 def opts(seed: int, max_tokens: int = 15) -> ContextOptions:
@@ -262,9 +272,13 @@ async def test_an_interruption_keeps_in_the_history_the_words_played_by_the_voic
     """livekit's AgentSession with use_tts_aligned_transcript and its TranscriptSynchronizer (what RoomIO
     puts between the session and the room): an interruption in the reply's second sentence leaves in
     the chat history the words the plugin's timings say were played by then, not the whole reply.
-    Tolerance one word: the synchronizer sends a word halfway through its pacing delay, so the word
-    playing at the cut may or may not be in. The stand-in's audio is noise, so the timings are the
-    worker's estimate; what is proven is that the framework cuts the history by the voice's timings."""
+    Tolerance: one word ahead, three behind. The synchronizer sends a word halfway through its pacing
+    delay, so the word playing at the cut may or may not be in; and it paces with sleeps on the event
+    loop, which wake late on a loaded box, so its forwarded text falls behind the audio (2 words by
+    the cut in a clean-clone CI run on 2 loaded cores: 17 kept against 19 timed; 18 of 19 idle). The
+    history still ends inside the second sentence, far from the whole reply. The stand-in's audio is
+    noise, so the timings are the worker's estimate; what is proven is that the framework cuts the
+    history by the voice's timings."""
     reply = ("The first sentence is here and will be heard in full by the user. "
              "The second sentence is cut off by the user before its last words are ever played.")
     plugin = TTS(voice=VOICE, workers=[worker.url], options=opts(seed=91, max_tokens=7 * 30 + 1))
@@ -278,7 +292,7 @@ async def test_an_interruption_keeps_in_the_history_the_words_played_by_the_voic
     try:
         handle = session.generate_reply(user_input="Say two sentences.")
         await asyncio.wait_for(sink.playing.wait(), timeout=180)  # the whole turn's audio is in
-        words = [t for t in agent.timed if t.strip()]
+        words = await asyncio.wait_for(agent.words(len(reply.split())), timeout=30)
         assert [w.strip() for w in words] == [w.strip(".") for w in reply.split()]  # every word timed, in order
         second = next(i for i, w in enumerate(words) if i and w.strip() == "The")
         # cut after the second sentence's fifth word has started: its timings say where that is
@@ -291,8 +305,9 @@ async def test_an_interruption_keeps_in_the_history_the_words_played_by_the_voic
         said = [m for m in session.history.items if getattr(m, "role", None) == "assistant"]
         assert said and said[-1].interrupted
         kept = said[-1].text_content.split()
-        assert abs(len(kept) - len(played)) <= 1, (sink.stopped_at, kept, [(w, w.start_time) for w in words])
-        assert len(kept) < len(words) - 2  # not the whole reply
+        assert len(played) - 3 <= len(kept) <= len(played) + 1, (sink.stopped_at, kept,
+                                                                  [(w, w.start_time) for w in words])
+        assert second < len(kept) < len(words) - 2  # cut inside the second sentence: not the whole reply
         assert " ".join(kept).startswith(reply[:40])  # sentence 1 (heard in full) is kept as written
     finally:
         await session.aclose()
