@@ -44,7 +44,7 @@ async def _conversation(engine, voice, window_limits, seed: int, frames: int, se
     out = []
     for i, text in enumerate(TEXTS[:sentences]):
         own = engine.prompt(voice, text)
-        before = window.before(own, engine.settings.max_model_len - len(own) - 7 * frames - 1) if windowed else []
+        before = window.before(engine.settings.max_model_len - len(own) - 7 * frames - 1) if windowed else []
         stats = GenerationStats()
         generated: list[int] = []
         sent = time.perf_counter()

@@ -39,7 +39,7 @@ def _gaps(text: str) -> tuple[int, list[tuple[str, int]]]:
         start = space + 1 if space >= 0 else len(text)
     tail = text[start:]
     read = normalize(tail)
-    words = [w for w in read.words]
+    words = read.words
     gaps = []
     for before, after in zip(words, words[1:]):
         if after.written_start < before.written_end:

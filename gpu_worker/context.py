@@ -322,7 +322,6 @@ class Context:
         outcome = "cancelled"
         acquired = False
         window = PromptWindow(self.deps.window) if self.continuous and self.deps.window is not None else None
-        window_tokens = window_cached = 0
         try:
             if self.voice is None:
                 if self.deps.adapters is None:
@@ -354,13 +353,12 @@ class Context:
                     spoken_request, generated, earlier = request, None, 0
                     if window is not None:
                         room = self.deps.engine.settings.max_model_len - len(request.prompt) - request.max_tokens
-                        before = window.before(request.prompt, room)
+                        before = window.before(room)
                         spoken_request, generated, earlier = replace(request, prompt=[*before, *request.prompt]), [], len(before)
-                    cached = stats.cached_tokens
                     async with aclosing(speak_request(
                             self.deps.engine, self.deps.runner, self.voice, spoken_request, options, stats,
                             noise_offset=self._noise_offset, fade_in=i > 0, fade_out=i < len(requests) - 1,
-                            generated=generated)) as audio_out:
+                            generated=generated, window=earlier)) as audio_out:
                         async for audio in audio_out:
                             if trimmer is not None:
                                 audio = trimmer.push(audio)
@@ -373,8 +371,6 @@ class Context:
                         dropped_ms += trimmer.result.dropped_ms
                     if window is not None:
                         window.add(request.prompt, generated)
-                        window_tokens += earlier
-                        window_cached += min(stats.cached_tokens - cached, earlier)
                     if words is not None:
                         words.end_piece()
                 if words is not None:
@@ -388,7 +384,8 @@ class Context:
                 rtf=round(wall / audio_s, 4) if audio_s else None, head_silence_dropped_ms=round(dropped_ms, 1),
                 engine_requests=stats.requests, finish_reason="length" if stats.cut_by_length else "end_of_speech",
                 served_by=self.deps.worker_id, proxied=self.proxied, trace_id=self.trace.trace_id,
-                span_id=self.trace.span_id, window_tokens=window_tokens, window_cached_tokens=window_cached,
+                span_id=self.trace.span_id, window_tokens=stats.window_tokens,
+                window_cached_tokens=stats.window_cached_tokens,
             )
             outcome = "completed"
             if stats.cut_by_length:
@@ -422,7 +419,7 @@ class Context:
                 self._timing.cancel()  # a cancelled or failed context sends no more timings
             if acquired and self.deps.adapters is not None and self.voice is not None:
                 self.deps.adapters.release(self.voice)
-            self._record(outcome, stats, time.perf_counter() - began, window_tokens, window_cached)
+            self._record(outcome, stats, time.perf_counter() - began)
             log_hop(log, self.hop("owner", outcome))
             current.reset(token)
 
@@ -434,7 +431,7 @@ class Context:
         except SlowConsumer:
             pass
 
-    def _record(self, outcome: str, stats: SegmentStats, wall: float, window_tokens: int, window_cached: int) -> None:
+    def _record(self, outcome: str, stats: SegmentStats, wall: float) -> None:
         metrics = self.deps.metrics
         if metrics is None:
             return
@@ -444,7 +441,7 @@ class Context:
             rtf=wall / audio_s if outcome == "completed" and audio_s else None, tokens=stats.tokens,
             invalid_tokens=stats.invalid_tokens, audio_s=audio_s, generation_s=wall if outcome == "completed" else 0.0,
             requests=stats.requests, cut_by_length=stats.cut_by_length, spoke_to_end=stats.spoke_to_end,
-            window_tokens=window_tokens, window_cached_tokens=window_cached,
+            window_tokens=stats.window_tokens, window_cached_tokens=stats.window_cached_tokens,
         )
 
     async def _emit(self, audio, words: SegmentWords | None = None) -> None:

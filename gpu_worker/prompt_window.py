@@ -35,7 +35,7 @@ class WindowLimits:
 
 
 class PromptWindow:
-    """`before(prompt, room)` for each request; `add(prompt, generated)` once it has been spoken."""
+    """`before(room)` for each request; `add(prompt, generated)` once it has been spoken."""
 
     def __init__(self, limits: WindowLimits) -> None:
         self.limits = limits
@@ -46,10 +46,10 @@ class PromptWindow:
     def ids(self) -> list[int]:
         return [i for turn in self._turns for i in turn]
 
-    def before(self, prompt: list[int], room: int) -> list[int]:
-        """The window's ids to put before ``prompt``: all of it when it fits in ``room`` tokens (what
-        the model's context leaves beside the prompt and the audio budget), else the newest turns
-        that fit (a prefix the cache has not seen: correct, only slower)."""
+    def before(self, room: int) -> list[int]:
+        """The window's ids to put before the next prompt: all of it when it fits in ``room`` tokens
+        (what the model's context leaves beside the prompt and the audio budget), else the newest
+        turns that fit (a prefix the cache has not seen: correct, only slower)."""
         turns, total = self._turns, sum(len(t) for t in self._turns)
         while turns and total > room:
             total -= len(turns[0])

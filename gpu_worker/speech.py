@@ -33,7 +33,8 @@ class SegmentStats:
     requests: int = 0
     cut_by_length: int = 0  # requests that ended at their token cap, not at END_OF_SPEECH
     spoke_to_end: int = 0  # requests that ended at END_OF_SPEECH (the rest were aborted)
-    cached_tokens: int = 0  # prompt tokens the engine's prefix cache served
+    window_tokens: int = 0  # tokens of earlier segments put before the prompts (gpu_worker.prompt_window)
+    window_cached_tokens: int = 0  # of those, served by the engine's prefix cache
 
 
 async def speak_request(
@@ -49,6 +50,7 @@ async def speak_request(
     fade_in: bool = False,
     fade_out: bool = False,
     generated: list[int] | None = None,
+    window: int = 0,
 ) -> AsyncIterator[np.ndarray]:
     """Yield float32 audio chunks (whole frames of 2048 samples) as soon as each window is decoded.
 
@@ -56,6 +58,7 @@ async def speak_request(
     ``fade_in``/``fade_out``: this request joins another before/after it. Fading out holds each
     chunk back until the next one is decoded (the last one is only known at the end).
     ``generated``: gets every id the engine generated, as generated (the context's prompt window).
+    ``window``: how many of the prompt's first ids are that window (counted with what the cache served).
     """
     assembler = FrameAssembler()
     planner = ChunkPlanner(schedule or runner.schedule)
@@ -94,7 +97,8 @@ async def speak_request(
     finally:
         assembler.finish()
         stats.tokens += generation.tokens
-        stats.cached_tokens += generation.cached_tokens
+        stats.window_tokens += window
+        stats.window_cached_tokens += min(generation.cached_tokens, window)
         stats.frames += len(frames)
         stats.invalid_tokens += assembler.invalid
         stats.requests += 1

@@ -26,13 +26,13 @@ def test_the_next_request_starts_with_every_token_of_the_previous_one():
     """What makes the prefix cache hit: request n's prompt begins with request n-1's whole prompt
     (its window included) and then the ids it generated, in order."""
     window = PromptWindow(WindowLimits())
-    previous = [*window.before(PROMPT, 4096), *PROMPT]
+    previous = [*window.before(4096), *PROMPT]
     generated = audio(5)
     window.add(PROMPT, generated)
-    second = [*window.before(PROMPT, 4096), *PROMPT]
+    second = [*window.before(4096), *PROMPT]
     assert second[:len(previous) + len(generated)] == [*previous, *generated]
     window.add(PROMPT, audio(4, 3))
-    third = [*window.before(PROMPT, 4096), *PROMPT]
+    third = [*window.before(4096), *PROMPT]
     assert third[:len(second)] == second
 
 
@@ -62,8 +62,8 @@ def test_a_window_that_does_not_fit_beside_the_prompt_gives_its_newest_turns():
     window = PromptWindow(WindowLimits())
     for i in range(3):
         window.add(PROMPT, audio(4, i))
-    assert window.before(PROMPT, 3 * turn) == window.ids
-    assert window.before(PROMPT, 2 * turn + 5) == window.ids[turn:]
-    assert window.before(PROMPT, turn - 1) == []
+    assert window.before(3 * turn) == window.ids
+    assert window.before(2 * turn + 5) == window.ids[turn:]
+    assert window.before(turn - 1) == []
     window.clear()
     assert window.ids == []
