@@ -59,16 +59,21 @@ def _source_copy(into: Path) -> Path:
     return Path(shutil.copytree(REPO, into, ignore=ignore))
 
 
-@pytest.fixture(scope="module")
-def plugin_env(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("plugin-env")
+def fresh_env(root: Path, extra: str, *, timeout_s: float, env: dict[str, str] | None = None) -> Path:
+    """A new virtual environment under ``root`` with the checkout installed with only ``extra``
+    (a real wheel build and install); its python."""
     source = _source_copy(root / "src")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{source}[livekit]"],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{source}[{extra}]"],
+                          capture_output=True, text=True, timeout=timeout_s, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     return venv / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def plugin_env(tmp_path_factory) -> Path:
+    return fresh_env(tmp_path_factory.mktemp("plugin-env"), "livekit", timeout_s=900)
 
 
 def _site_packages_mb(python: Path) -> float:

@@ -30,7 +30,7 @@ from gateway.pipecat.settings import default_settings, start_message
 from gpu_worker.protocol import parse_client
 from tests.fixtures.models import REPO
 from tests.gateway.test_import_rule import module_imports
-from tests.gateway.test_livekit_plugin_package import _site_packages_mb, _source_copy
+from tests.gateway.test_livekit_plugin_package import _site_packages_mb, fresh_env
 
 ABSENT = ("torch", "vllm", "transformers", "fastapi", "uvicorn")
 ONE_TURN = r"""
@@ -83,14 +83,7 @@ ALLOWED = ("gateway.pipecat", "gpu_worker.protocol", "gpu_worker.errors", "pipec
 
 @pytest.fixture(scope="module")
 def pipecat_env(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("pipecat-env")
-    source = _source_copy(root / "src")
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{source}[pipecat]"],
-                          capture_output=True, text=True, timeout=1200, env=FRESH_ENV)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return venv / "bin" / "python"
+    return fresh_env(tmp_path_factory.mktemp("pipecat-env"), "pipecat", timeout_s=1200, env=FRESH_ENV)
 
 
 @pytest.mark.timeout(1500)
