@@ -81,17 +81,12 @@ def _words(text: str) -> list[str]:
 
 
 async def _direct(client, text: str, options) -> float:
-    """TTFB (ms) of one context straight to the worker, sent as the plugin sends it."""
-    from gateway.livekit.sentences import SentenceSplitter
+    """TTFB (ms) of one context straight to the worker, sent as the plugin sends a turn whose text
+    came in one piece: the text in `start`, then `end`, with the plugin's options less the word
+    timings (the worker cuts the text: `chunking` "auto")."""
+    from gateway.livekit.tts import context_options
 
-    splitter = SentenceSplitter()
-    pieces = splitter.feed(text) + splitter.end()
-    stream = await client.start(VOICE, pieces[0].text, options=options)
-    for piece in pieces[1:]:
-        if piece.text:
-            await stream.push(piece.text)
-        if piece.flush:
-            await stream.flush()
+    stream = await client.start(VOICE, text, options=context_options(options, aligned=False, min_sentence_chars=None))
     await stream.end()
     async for _ in stream.audio():
         pass

@@ -13,7 +13,6 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gateway.livekit.sentences import DEFAULT_MIN_SENTENCE_CHARS
 from hashring.errors import InvalidVoiceId
 from hashring.records import check_voice_id
 from hashring.settings import REDIS_URL_ENV, RingSettings
@@ -57,7 +56,8 @@ class AgentSettings(BaseSettings):
                                      "cluster token (refused otherwise: gpu_worker.open_cluster)")
     voice: str = Field(..., description="voice id every job speaks with")
     seed: int | None = Field(None, ge=0, lt=2**32, description="fixed sampling seed (None: the worker's)")
-    min_sentence_chars: int = Field(DEFAULT_MIN_SENTENCE_CHARS, ge=0)
+    min_sentence_chars: int | None = Field(None, ge=0, description="None: the workers cut the reply into segments "
+                                           "(chunking \"auto\"); N: the plugin flushes each sentence of N+ characters")
     # a full voice agent (optional): LiveKit Inference model ids, e.g. "deepgram/nova-3", "openai/gpt-4.1-mini"
     stt: str | None = Field(None, description="speech-to-text model; None: participants' speech is not listened to")
     llm: str | None = Field(None, description="LLM; None: the agent speaks participants' text as sent")

@@ -11,9 +11,13 @@ reconnect. `workers=[url, ...]` does the same over fixed URLs. `transport=` plug
 platform).
 
 **Streaming** (`stream()`, what the agent's `tts_node` uses): one worker context per stream,
-opened at the first non-blank text; text is forwarded as it arrives and the worker is asked to
-speak (`flush`) at each complete sentence (`sentences.py`), so the first sentence is heard while
-the LLM still writes; audio is pushed to the framework chunk by chunk. `aclose()` (an
+opened at the first non-blank text; text is forwarded as it arrives and the worker cuts it into
+segments itself (`chunking: "auto"`, docs/protocol.md: a segment ends at a sentence end it can
+tell from "Dr." or "3.5", or past `max_buffer_delay_ms` at a clause or word break), so the first
+sentence is heard while the LLM still writes; livekit's `flush()` asks the worker to speak what it
+holds at once. `min_sentence_chars=N` cuts in the plugin instead (`sentences.py`: a flush after
+each complete sentence, shorter ones joined to the next), as before the worker could. Audio is
+pushed to the framework chunk by chunk. `aclose()` (an
 interruption) cancels the context on the worker at once (its engine request is aborted) and
 nothing of it is emitted afterwards. A turn with no text ends cleanly: no context, no audio, no
 "no audio frames" error. `synthesize()` speaks one text as one context.
@@ -45,10 +49,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from livekit.agents import APIConnectionError, APIConnectOptions, APIError, APIStatusError, APITimeoutError, tts, utils
-from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, TimedString
+from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, NotGivenOr, TimedString
+from livekit.agents.utils import is_given
 
 from gateway.livekit.log import logger as log  # livekit.plugins.voicering
-from gateway.livekit.sentences import DEFAULT_MIN_SENTENCE_CHARS, SentenceSplitter
+from gateway.livekit.sentences import SentenceSplitter
 from gateway.livekit.transport import Opened, PoolTransport, Transport, Context
 from gpu_worker.client import PoolSettings, WorkerRequestError
 from gpu_worker.protocol import Alignment, ContextOptions, Done
@@ -57,7 +62,8 @@ from hashring.membership import RingWatcher
 from hashring.records import check_voice_id
 from hashring.settings import RingSettings
 
-__all__ = ["NUM_CHANNELS", "SAMPLE_RATE", "ChunkedStream", "SynthesizeStream", "TTS", "TTSOptions", "api_error"]
+__all__ = ["NUM_CHANNELS", "SAMPLE_RATE", "ChunkedStream", "SynthesizeStream", "TTS", "TTSOptions", "api_error",
+           "context_options"]
 
 SAMPLE_RATE = 24000  # what every worker sends: 24 kHz mono s16le (docs/protocol.md)
 NUM_CHANNELS = 1
@@ -76,7 +82,25 @@ class TTSOptions:
 
     voice: str
     context: ContextOptions = field(default_factory=ContextOptions)  # seed, temperature, max_tokens, ...
-    min_sentence_chars: int = DEFAULT_MIN_SENTENCE_CHARS  # shorter sentences are spoken with the next
+    # None: the worker cuts the text into segments (`context.chunking` "auto"); N: the plugin does,
+    # sentences of under N visible characters spoken with the next
+    min_sentence_chars: int | None = None
+
+
+def context_options(options: ContextOptions, *, aligned: bool, min_sentence_chars: int | None) -> ContextOptions:
+    """What every context of the plugin asks the worker for: word timings when the transcript is
+    aligned, and the worker's own segmenting unless the plugin cuts (``min_sentence_chars``)."""
+    if min_sentence_chars is not None:
+        if min_sentence_chars < 0:
+            raise ValueError("min_sentence_chars must be >= 0 (or None: the worker cuts the text)")
+        if options.chunking is not None:
+            raise ValueError("min_sentence_chars cuts the text in the plugin; options.chunking asks the worker to: "
+                             "give one of them")
+    elif options.chunking is None:
+        options = replace(options, chunking="auto")
+    if aligned and options.alignment is None:
+        options = replace(options, alignment="word")
+    return options
 
 
 def api_error(exc: WorkerRequestError, voice: str, *, after_audio: bool) -> APIError:
@@ -111,20 +135,19 @@ class TTS(tts.TTS):
                  transport: Transport | None = None, cluster_token: str | None = None,
                  options: ContextOptions | None = None, ring_settings: RingSettings | None = None,
                  pool_settings: PoolSettings | None = None,
-                 min_sentence_chars: int = DEFAULT_MIN_SENTENCE_CHARS, aligned_transcript: bool = True) -> None:
+                 min_sentence_chars: int | None = None, aligned_transcript: bool = True) -> None:
         """Exactly one of ``ring`` (Redis URL or running `RingWatcher`), ``workers`` (URLs) or
         ``transport``. ``cluster_token``: the workers' `VOICERING_WORKER_CLUSTER_TOKEN`.
         ``ring_settings``: the fleet's (prefix, vnodes, replicas); ``options``: per-context knobs.
-        ``aligned_transcript``: word timings from the workers for livekit's transcript."""
+        ``min_sentence_chars``: None, the worker cuts streamed text into segments; N, the plugin
+        does (a flush per sentence of N+ visible characters). ``aligned_transcript``: word timings
+        from the workers for livekit's transcript."""
         super().__init__(capabilities=tts.TTSCapabilities(streaming=True, aligned_transcript=aligned_transcript),
                          sample_rate=SAMPLE_RATE, num_channels=NUM_CHANNELS)
         if sum(x is not None for x in (ring, workers, transport)) != 1:
             raise ValueError("give exactly one of ring= (a Redis URL or RingWatcher), workers= (URLs) or transport=")
-        if min_sentence_chars < 0:
-            raise ValueError("min_sentence_chars must be >= 0")
-        options = options or ContextOptions()
-        if aligned_transcript and options.alignment is None:
-            options = replace(options, alignment="word")
+        options = context_options(options or ContextOptions(), aligned=aligned_transcript,
+                                  min_sentence_chars=min_sentence_chars)
         self._opts = TTSOptions(_voice(voice), options, min_sentence_chars)
         if ring is not None:
             transport = PoolTransport.ring(ring, settings=ring_settings, token=cluster_token, pool_settings=pool_settings)
@@ -152,19 +175,17 @@ class TTS(tts.TTS):
         return self._transport
 
     def update_options(self, *, voice: str | None = None, options: ContextOptions | None = None,
-                       min_sentence_chars: int | None = None) -> None:
-        """Applies to streams started from now on; running ones keep the options they started with."""
-        changes: dict[str, object] = {}
-        if voice is not None:
-            changes["voice"] = _voice(voice)
-        if options is not None:
-            aligned = self.capabilities.aligned_transcript and options.alignment is None
-            changes["context"] = replace(options, alignment="word") if aligned else options
-        if min_sentence_chars is not None:
-            if min_sentence_chars < 0:
-                raise ValueError("min_sentence_chars must be >= 0")
-            changes["min_sentence_chars"] = min_sentence_chars
-        self._opts = replace(self._opts, **changes)
+                       min_sentence_chars: NotGivenOr[int | None] = NOT_GIVEN) -> None:
+        """Applies to streams started from now on; running ones keep the options they started with.
+        ``min_sentence_chars=None`` hands the cutting back to the worker."""
+        voice = self._opts.voice if voice is None else _voice(voice)
+        cut = min_sentence_chars if is_given(min_sentence_chars) else self._opts.min_sentence_chars
+        if options is None:  # the options in force, less what the plugin added for the old cut
+            options = self._opts.context
+            if self._opts.min_sentence_chars is None and cut is not None:
+                options = replace(options, chunking=None, max_buffer_delay_ms=None)
+        options = context_options(options, aligned=self.capabilities.aligned_transcript, min_sentence_chars=cut)
+        self._opts = TTSOptions(voice, options, cut)
 
     def synthesize(self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> ChunkedStream:
         return ChunkedStream(tts=self, input_text=text, conn_options=conn_options)
@@ -328,7 +349,8 @@ class SynthesizeStream(tts.SynthesizeStream):
         output_emitter.initialize(request_id=utils.shortuuid(), sample_rate=SAMPLE_RATE, num_channels=NUM_CHANNELS,
                                   mime_type="audio/pcm", stream=True)
         speech = _Speech(self._tts.transport, self._opts, output_emitter, self._conn_options)
-        splitter = SentenceSplitter(self._opts.min_sentence_chars)
+        cut = self._opts.min_sentence_chars
+        splitter = SentenceSplitter(cut) if cut is not None else None  # None: the worker cuts
         opened = asyncio.Event()  # set once the context is open, or when input ended without one
 
         async def send(text: str, flush: bool) -> None:
@@ -348,10 +370,13 @@ class SynthesizeStream(tts.SynthesizeStream):
         async def forward_text() -> None:
             try:
                 async for item in self._input_ch:
-                    pieces = splitter.flush() if isinstance(item, self._FlushSentinel) else splitter.feed(item)
-                    for piece in pieces:
+                    flush = isinstance(item, self._FlushSentinel)
+                    if splitter is None:
+                        await send("" if flush else item, flush)
+                        continue
+                    for piece in splitter.flush() if flush else splitter.feed(item):
                         await send(piece.text, piece.flush)
-                for piece in splitter.end():
+                for piece in splitter.end() if splitter is not None else ():
                     await send(piece.text, piece.flush)
                 if speech.opened is not None:
                     await speech.end()

@@ -37,7 +37,7 @@ from gateway.livekit.metrics import AgentMetrics
 from gateway.livekit.settings import AgentSettings
 from gateway.livekit.transcript import TaggedSpeechAgent
 from hashring.ports import free_port
-from gpu_worker.protocol import ContextOptions
+from gpu_worker.protocol import MAX_BUFFER_DELAY_MS, ContextOptions
 from hashring.membership import RingWatcher
 from hashring.records import RingView, Snapshot, WorkerInfo
 from hashring.settings import RingSettings
@@ -187,7 +187,7 @@ class TimingAgent(Agent):
 
 
 def opts(seed: int, max_tokens: int = 15) -> ContextOptions:
-    return ContextOptions(max_tokens=max_tokens, seed=seed)
+    return ContextOptions(max_tokens=max_tokens, seed=seed, chunking="auto", max_buffer_delay_ms=MAX_BUFFER_DELAY_MS)
 
 
 def without_end_marker(pcm: bytes) -> bytes:

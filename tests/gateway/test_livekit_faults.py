@@ -28,6 +28,7 @@ from tests.gateway.test_livekit_tts import direct_like_the_plugin
 EXTRA = "worker-lk"
 VOICES = [f"lk/v{i}" for i in range(12)]
 NO_RETRY = APIConnectOptions(max_retry=0, timeout=10)
+MIN_SENTENCE_CHARS = 20
 SHORT = ContextOptions(max_tokens=43, seed=93)
 
 
@@ -62,8 +63,10 @@ async def owned(extra_worker, redis_url):
 def plugin_for(redis_url: str, voice: str, seed: int, max_tokens: int = 15) -> TTS:
     # A generous load bound: both of the test's turns stay on the owner instead of the second
     # spilling to worker-a (bounded loads would move it at 2 streams against 0).
+    # The plugin's own cut: a turn without a sentence end waits for its end (the worker's cut would
+    # speak it after max_buffer_delay_ms), so the waiting turn has no audio when its worker dies.
     return TTS(voice=voice, ring=redis_url, ring_settings=replace(ring_settings(redis_url), balance=4.0),
-               options=ContextOptions(max_tokens=max_tokens, seed=seed))
+               options=ContextOptions(max_tokens=max_tokens, seed=seed), min_sentence_chars=MIN_SENTENCE_CHARS)
 
 
 async def test_the_ring_routes_a_voice_to_its_owner_only(owned, redis_url):
@@ -115,7 +118,8 @@ async def test_a_worker_killed_mid_turn_fails_the_speaking_turn_and_replays_the_
     assert lost.value.retryable is False and lost.value.body["code"] == "worker_lost"
     assert EXTRA in str(lost.value) and "lost" in str(lost.value)
     # the replayed turn is exactly what worker-a says for the whole line, sent as the plugin sent it
-    want = await direct_like_the_plugin(worker.url, ["This line waits for the rest", rest], SHORT, voice=owned)
+    want = await direct_like_the_plugin(worker.url, ["This line waits for the rest", rest], SHORT, voice=owned,
+                                       min_sentence_chars=MIN_SENTENCE_CHARS)
     got = b"".join(ev.frame.data.tobytes() for ev in replayed)
     assert want and got[:len(want)] == want and not any(got[len(want):])  # at most the framework's 10 ms marker
 

@@ -10,7 +10,7 @@ from livekit.agents import APIStatusError
 from gateway.livekit import TTS
 from gateway.livekit.transport import GatewayTransport
 from gpu_worker.client import WorkerClient
-from gpu_worker.protocol import ContextOptions
+from gpu_worker.protocol import MAX_BUFFER_DELAY_MS, ContextOptions
 from tests.gateway.test_livekit_tts import direct_like_the_plugin, pcm_of, speak, words
 
 TEXT = "Hello from an app's own agent. It speaks through the public gateway."
@@ -19,17 +19,18 @@ TEXT = "Hello from an app's own agent. It speaks through the public gateway."
 async def test_stream_and_synthesize_through_the_gateway_equal_the_worker_s_samples(gateway, worker, new_tenant):
     _, key = await new_tenant()
     transport = GatewayTransport(gateway.url, key)
-    plugin = TTS(voice="tara", transport=transport, options=ContextOptions(seed=31, max_tokens=22))
+    options = ContextOptions(seed=31, max_tokens=22, chunking="auto", max_buffer_delay_ms=MAX_BUFFER_DELAY_MS)
+    plugin = TTS(voice="tara", transport=transport, options=options)
     try:
         streamed = await speak(plugin, words(TEXT))
         synthesized = [ev async for ev in plugin.synthesize("One line.")]
         again = await speak(plugin, words("And a second turn."))
     finally:
         await plugin.aclose()
-    direct = await direct_like_the_plugin(worker.url, words(TEXT), ContextOptions(seed=31, max_tokens=22))
+    direct = await direct_like_the_plugin(worker.url, words(TEXT), options)
     assert pcm_of(streamed) == direct and direct
     async with await WorkerClient.connect(worker.url) as client:
-        line = await client.say("tara", "One line.", options=ContextOptions(seed=31, max_tokens=22))
+        line = await client.say("tara", "One line.", options=options)
     assert pcm_of(synthesized) == line.pcm
     assert pcm_of(again)
     assert transport.connections == 1  # three turns, one websocket to the gateway

@@ -17,10 +17,11 @@ from livekit.agents.metrics import TTSMetrics
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
 
 from gateway.livekit import TTS
-from gateway.livekit.sentences import SentenceSplitter
+from gateway.livekit.sentences import Piece, SentenceSplitter
+from gateway.livekit.tts import context_options
 from gpu_worker.client import WorkerClient
 from hashring.ports import free_port
-from gpu_worker.protocol import ContextOptions
+from gpu_worker.protocol import MAX_BUFFER_DELAY_MS, ContextOptions
 from hashring.membership import RingWatcher
 from hashring.settings import RingSettings
 from hashring.store import RingStore
@@ -33,7 +34,10 @@ MARKER_BYTES = 2 * 240  # the framework's 10 ms end-of-segment marker (synthetic
 
 
 def opts(seed: int = 1, max_tokens: int = 15) -> ContextOptions:
-    return ContextOptions(max_tokens=max_tokens, seed=seed)
+    """The worker cuts the text (the plugin's default) with the longest wait for a sentence end: a
+    test's words come within milliseconds, so where the worker cuts depends on the text alone,
+    however late a loaded box runs the delay timer (`test_the_worker_cuts_...` runs the default)."""
+    return ContextOptions(max_tokens=max_tokens, seed=seed, chunking="auto", max_buffer_delay_ms=MAX_BUFFER_DELAY_MS)
 
 
 def ring_settings(redis_url: str) -> RingSettings:
@@ -87,12 +91,17 @@ def words(text: str) -> list[str]:
 
 
 async def direct_like_the_plugin(url: str, chunks: list[str], options: ContextOptions, voice: str = VOICE, *,
-                                 alignments: list | None = None) -> bytes:
-    """The same messages the plugin sends (first text in `start`, a flush per sentence, `end`),
-    straight to the worker with its own client; ``alignments`` gathers the word timings of a
-    start that asks for them (a version-2 connection)."""
-    splitter = SentenceSplitter()
-    pieces = [p for c in chunks for p in splitter.feed(c)] + splitter.end()
+                                 alignments: list | None = None, min_sentence_chars: int | None = None) -> bytes:
+    """The same messages the plugin sends, straight to the worker with its own client: the first
+    text in `start`, then by default each chunk as it came (the worker cuts: `chunking` "auto"),
+    or with ``min_sentence_chars`` the plugin's own cut (a flush per sentence); then `end`.
+    ``alignments`` gathers the word timings of a start that asks for them (a version-2 connection)."""
+    options = context_options(options, aligned=False, min_sentence_chars=min_sentence_chars)
+    if min_sentence_chars is None:
+        pieces = [Piece(c, False) for c in chunks]
+    else:
+        splitter = SentenceSplitter(min_sentence_chars)
+        pieces = [p for c in chunks for p in splitter.feed(c)] + splitter.end()
     async with await WorkerClient.connect(url, version=2 if alignments is not None else 1) as client:
         first = next(i for i, p in enumerate(pieces) if p.text.strip())
         stream = await client.start(voice, pieces[first].text, options=options)
@@ -398,3 +407,46 @@ def test_public_names_import_and_bad_arguments_are_refused():
     with pytest.raises(ValueError):
         plugin.update_options(min_sentence_chars=-1)
     assert plugin.options.voice == VOICE and plugin.capabilities.streaming and plugin.sample_rate == 24000
+
+
+def test_the_worker_cuts_by_default_and_min_sentence_chars_cuts_in_the_plugin():
+    plugin = TTS(voice=VOICE, workers=["ws://127.0.0.1:1"])
+    context = plugin.options.context
+    assert plugin.options.min_sentence_chars is None
+    assert context.chunking == "auto" and context.max_buffer_delay_ms is None  # the worker's delay, 1000 ms
+    plugin.update_options(min_sentence_chars=12)
+    assert plugin.options.min_sentence_chars == 12 and plugin.options.context.chunking is None
+    plugin.update_options(voice="leo")  # other changes keep the cut
+    assert plugin.options.min_sentence_chars == 12 and plugin.options.context.chunking is None
+    plugin.update_options(min_sentence_chars=None)  # back to the worker
+    assert plugin.options.min_sentence_chars is None and plugin.options.context.chunking == "auto"
+    assert plugin.options.voice == "leo" and plugin.options.context.alignment == "word"
+    own = TTS(voice=VOICE, workers=["ws://127.0.0.1:1"], min_sentence_chars=0)
+    assert own.options.context.chunking is None
+    with pytest.raises(ValueError, match="one of them"):
+        TTS(voice=VOICE, workers=["ws://127.0.0.1:1"], options=ContextOptions(chunking="auto"), min_sentence_chars=20)
+    with pytest.raises(ValueError, match="one of them"):
+        own.update_options(options=ContextOptions(chunking="auto"))
+
+
+async def test_the_worker_keeps_abbreviations_whole_where_the_plugin_s_own_cut_breaks_them(worker):
+    """The default (the worker cuts, at its default 1000 ms delay) speaks two segments: a cut after
+    "today." once the next word shows the sentence ended, and the rest at the turn's end (the words
+    come faster than the delay); the plugin's splitter without joining cuts after "Dr.", "p.m." and
+    "No." too, so the voice would pause and restart its intonation mid-sentence. Counted by the
+    worker (`done`)."""
+    text = "Dr. Smith sees you at 3 p.m. today. Bring the No. 5 form. Thanks."
+    segments = {}
+    for name, cut in (("worker", None), ("plugin", 0)):
+        plugin = static_tts(worker, options=ContextOptions(seed=17, max_tokens=8), min_sentence_chars=cut)
+        try:
+            stream = plugin.stream()
+            for word in words(text):
+                stream.push_text(word)
+            stream.end_input()
+            assert [ev async for ev in stream]
+            await stream.aclose()
+            segments[name] = stream.worker_done.stats.segments
+        finally:
+            await plugin.aclose()
+    assert segments == {"worker": 2, "plugin": 6}
