@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -117,8 +118,11 @@ class ConsentCheck:
         return _rounded(out)
 
 
-def _words(text: str) -> list[str]:
-    return _WORD.findall(normalize(text).lower())
+@lru_cache(maxsize=32)
+def _words(text: str) -> tuple[str, ...]:
+    """The words `text` is heard as. Cached: a check reads one heard text against many phrases (a
+    replay test holds one transcript to thousands), and normalizing it is most of a check's cost."""
+    return tuple(_WORD.findall(normalize(text).lower()))
 
 
 def consent_text(phrase: str) -> str:
@@ -129,7 +133,7 @@ def consent_text(phrase: str) -> str:
 
 def _items(phrase: str) -> list[tuple[str, ...]]:
     """The phrase's items as the words they are heard as: "lemon" -> (lemon,), "47" -> (forty, seven)."""
-    return [tuple(_words(item)) for item in phrase.split()]
+    return [_words(item) for item in phrase.split()]
 
 
 def words_in_order(phrase: str, heard: str) -> int:
@@ -143,12 +147,14 @@ def _in_order(items: Sequence[tuple[str, ...]], got: Sequence[str]) -> int:
     """`words_in_order` on words already read (the heard text is normalized once per check)."""
     prev = [0] * (len(got) + 1)  # prev[j]: items matched so far within got[:j]
     for item in items:
-        n = len(item)
+        n, last = len(item), item[-1]
         row = [0] * (len(got) + 1)
         for j in range(1, len(got) + 1):
-            row[j] = max(prev[j], row[j - 1])
-            if j >= n and tuple(got[j - n:j]) == item:
-                row[j] = max(row[j], prev[j - n] + 1)
+            best = prev[j] if prev[j] > row[j - 1] else row[j - 1]
+            # the item's last word first: a cheap test that rules out nearly every position
+            if got[j - 1] == last and j >= n and prev[j - n] + 1 > best and (n == 1 or tuple(got[j - n:j]) == item):
+                best = prev[j - n] + 1
+            row[j] = best
         prev = row
     return prev[-1]
 
