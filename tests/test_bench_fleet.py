@@ -1,19 +1,13 @@
-"""The fleet bench: its pure accounting (a request served outside its voice's owners is a spill, a
-placed request a worker relayed is a needless hop, targets that can fail), and a short run on
-the suite's three real workers (the session worker A plus B and C here) through two gateways'
-pools, where no placed request is relayed and none is lost."""
+"""The fleet bench's pure accounting: a request served outside its voice's owners is a spill, a
+placed request a worker relayed is a needless hop, targets that can fail. Its short run on three
+real workers is in tests/gpu_worker/test_cluster.py, on that module's workers (started once)."""
 
 from __future__ import annotations
 
-import contextlib
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
-from bench.fleet import (TARGETS, Outcome, busiest_over_mean, judge, measure, publish_voices, rejected_counts, tally,
-                         worker_env, zipf_weights)
+from bench.fleet import TARGETS, Outcome, busiest_over_mean, judge, rejected_counts, tally, zipf_weights
 from bench.proxy import Ending
-from tests.fixtures.models import CLUSTER_PREFIX, cluster_args, start_worker, stop_workers
 
 DONE = Ending("done")
 
@@ -78,42 +72,3 @@ def test_rejected_counts_read_the_worker_metric_by_reason():
     metrics.rejected.labels("busy").inc(3)
     metrics.rejected.labels("connection_limit").inc()
     assert rejected_counts(metrics.render().decode()) == {"busy": 3.0, "connection_limit": 1.0}
-
-
-# -- a short run on real processes ------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def fleet(request, stand_in, adapter_store, redis_server, tmp_path_factory):
-    """The session worker A and B, C of this module: three, the suite's limit (B and C start while A does)."""
-    publish_voices(adapter_store / "tara", adapter_store)
-    logs = tmp_path_factory.mktemp("fleet")
-
-    def start(wid: str):
-        return start_worker(stand_in, adapter_store, logs / f"{wid}.log", "--max-loras", "2", "--max-streams", "8",
-                            *cluster_args(redis_server.url, wid), env=worker_env(CLUSTER_PREFIX))
-
-    with ThreadPoolExecutor(2) as threads:
-        futures = [threads.submit(start, wid) for wid in ("worker-b", "worker-c")]
-        try:
-            a = request.getfixturevalue("worker")
-            b, c = (f.result() for f in futures)
-        except BaseException:
-            for f in futures:
-                with contextlib.suppress(Exception):
-                    f.result().stop()
-            raise
-    yield {"worker-a": a, "worker-b": b, "worker-c": c}
-    stop_workers(b, c)
-
-
-async def test_a_short_fleet_run_relays_no_placed_request_and_loses_none(fleet, redis_server):
-    figures = await measure(fleet, redis_server.url, CLUSTER_PREFIX, run_s=15.0, warmup_s=2.0, streams=6)
-    for key in ("requests", "needless_hops", "spill_fraction", "pool_spill_fraction", "busiest_over_mean",
-                "refusals_per_request", "insisted_per_request", "worker_refusals_per_request", "lost_contexts",
-                "hot_voice_replicas_start", "hot_voice_replicas_end", "adapter_loads_per_1000", "targets_met"):
-        assert key in figures, key
-    assert set(figures["targets_met"]) == set(TARGETS)
-    assert figures["requests"] > 0 and figures["served"] > 0
-    assert figures["needless_hops"] == 0 and figures["warmup_needless_hops"] == 0, figures
-    assert figures["lost_contexts"] == 0 and figures["warmup_lost_contexts"] == 0, figures
-    assert set(figures["served_by"]) <= set(fleet)

@@ -16,7 +16,7 @@ judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
     livekit   here                     `voicering bench livekit --json --quick` (a worker of its own)
     pipecat   here                     `voicering bench pipecat --json --quick` (a worker and gateway of its own)
     capacity  tests/test_bench_capacity.py      bench.capacity.run, levels 1 and 4 (a worker of its own)
-    fleet     tests/test_bench_fleet.py         bench.fleet.measure on the suite's three workers
+    fleet     tests/gpu_worker/test_cluster.py  bench.fleet.measure on that module's three workers
     burst     tests/test_bench_burst.py         a small burst on the session worker and gateway
     clone     tests/test_bench_clone.py         `voicering bench clone --json --quick`
     text      here                     `voicering bench text --json --rounds 1` (peers absent here are reported so)
@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 SMOKED = {
     "codec": "here", "ring": "tests/hashring/test_ring_cli.py", "silence": "here", "worker": "here", "train": "here",
     "proxy": "here", "gateway": "here", "livekit": "here", "pipecat": "here", "capacity": "tests/test_bench_capacity.py",
-    "fleet": "tests/test_bench_fleet.py", "burst": "tests/test_bench_burst.py", "clone": "tests/test_bench_clone.py",
+    "fleet": "tests/gpu_worker/test_cluster.py", "burst": "tests/test_bench_burst.py", "clone": "tests/test_bench_clone.py",
     "text": "here", "alignment": "here", "continuity": "here", "chunking": "here",
 }
 

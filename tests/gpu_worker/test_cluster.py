@@ -3,7 +3,8 @@ B and C for this module) on the real vLLM engine, one shared voice store, one re
 start sent to a worker that does not own the voice is relayed to an owner over the pool's
 persistent links and comes back byte-identical; cancels and disconnects reach the owner; a hop
 marker is never forwarded again; an owner that dies mid-stream ends the context cleanly and the
-next request finds another worker; SIGTERM drains."""
+next request finds another worker; SIGTERM drains. The fleet bench's short run uses the same three
+workers (so the suite starts B and C once), before the tests that kill them."""
 
 from __future__ import annotations
 
@@ -348,6 +349,28 @@ async def test_ring_drain_under_traffic_moves_new_starts_and_lets_streams_finish
         await in_step(cluster, watcher)
         back = await on_a.say(voice, "C again.", options=FAST)
     assert back.done.stats.served_by == "worker-c"
+
+
+async def test_the_fleet_bench_s_short_run_relays_no_placed_request_and_loses_none(cluster, redis_server,
+                                                                                  adapter_store):
+    """`voicering bench fleet`'s measurement (bench.fleet.measure: two gateways' pools, zipf traffic,
+    a burst of the fleet's capacity) on this module's three workers, short: no placed request is
+    relayed, none is lost, and every figure is there. Its smoke run (tests/test_bench_smoke.py's
+    map): here, before the tests that kill B and C, so the suite starts these workers once."""
+    from bench.fleet import TARGETS, VOICES as FLEET_VOICES, measure, publish_voices
+
+    publish_voices(adapter_store / "tara", adapter_store)
+    assert not set(FLEET_VOICES) & set(VOICES)  # its voices are not this module's
+    figures = await measure(cluster, redis_server.url, CLUSTER_PREFIX, run_s=8.0, warmup_s=2.0, streams=6)
+    for key in ("requests", "needless_hops", "spill_fraction", "pool_spill_fraction", "busiest_over_mean",
+                "refusals_per_request", "insisted_per_request", "worker_refusals_per_request", "lost_contexts",
+                "hot_voice_replicas_start", "hot_voice_replicas_end", "adapter_loads_per_1000", "targets_met"):
+        assert key in figures, key
+    assert set(figures["targets_met"]) == set(TARGETS)
+    assert figures["requests"] > 0 and figures["served"] > 0
+    assert figures["needless_hops"] == 0 and figures["warmup_needless_hops"] == 0, figures
+    assert figures["lost_contexts"] == 0 and figures["warmup_lost_contexts"] == 0, figures
+    assert set(figures["served_by"]) <= set(cluster)
 
 
 async def collect_pcm(stream) -> bytes:
