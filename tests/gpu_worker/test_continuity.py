@@ -9,7 +9,7 @@ from gpu_worker.orpheus import SAMPLES_PER_FRAME
 from gpu_worker.protocol import ContextOptions
 
 TEXTS = ["The first sentence sets the tone.", "The second one follows it.", "And a third one ends the reply."]
-FRAMES = 30  # per segment: the stand-in speaks to its cap, so each segment is exactly this long
+FRAMES = 12  # per segment: the stand-in speaks to its cap, so each segment is exactly this long
 OPTIONS = dict(max_tokens=7 * FRAMES + 1, seed=5, trim_silence=False)
 
 
