@@ -36,13 +36,13 @@ def codec(
 def worker(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     quick: bool = typer.Option(False, "--quick", help="One round of short streams, one TTFB round, one round of the "
-                                                      "codec and sampler micro benches: a smoke run (the suite's), "
-                                                      "figures not comparable."),
+                                                      "codec and sampler micro benches, no warm-ups: a smoke run (the "
+                                                      "suite's), figures not comparable."),
 ) -> None:
     """The real vLLM engine with stand-in weights: TTFB, tokens/s per stream, LoRA and constraint ratios."""
     from bench.worker import run
 
-    _emit(run(rounds=1, max_tokens=15, ttfb_rounds=1, micro_rounds=1) if quick else run(), as_json)
+    _emit(run(rounds=1, max_tokens=15, ttfb_rounds=1, micro_rounds=1, warm=False) if quick else run(), as_json)
 
 
 @app.command("train")
@@ -107,13 +107,17 @@ def continuity(
     rounds: int = typer.Option(6, min=1, help="Conversations per side (with and without the window)."),
     sentences: int = typer.Option(5, min=2, max=5, help="Sentences (engine requests) per conversation."),
     frames: int = typer.Option(24, min=1, help="Frames each sentence is spoken for (7 tokens each)."),
-    block_size: int = typer.Option(0, min=0, help="Tokens per KV block (0: vLLM's default, 128 on CPU)."),
+    block_size: int = typer.Option(0, min=0, help="Tokens per KV block (0: the engine's default, 32 on CPU)."),
+    quick: bool = typer.Option(False, "--quick", help="One round of three sentences of 12 frames, no warm-up "
+                                                      "conversations: a smoke run (the suite's), figures not comparable."),
 ) -> None:
     """A context's prompt window: later segments' time to first token with and without it, and
     how much of it the engine's prefix cache serves (real vLLM engine, bench stand-in)."""
     from bench.continuity import run
 
-    _emit(run(rounds=rounds, frames=frames, sentences=sentences, block_size=block_size or None), as_json)
+    block = block_size or None
+    _emit(run(rounds=1, frames=12, sentences=3, block_size=block, warm=False) if quick
+          else run(rounds=rounds, frames=frames, sentences=sentences, block_size=block), as_json)
 
 
 @app.command("chunking")
@@ -137,12 +141,15 @@ def ring(as_json: bool = typer.Option(False, "--json", help="Print one JSON obje
 def proxy(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     rounds: int = typer.Option(10, help="Direct and proxied contexts, one of each per round."),
+    quick: bool = typer.Option(False, "--quick", help="One warm-up pair, one round, no extra relayed contexts, two "
+                                                      "requests after the failover: a smoke run (the suite's), figures "
+                                                      "not comparable."),
 ) -> None:
     """Two real workers in one ring: TTFB direct vs relayed, time a chunk spends in the relay, warm
     dials, and failover after SIGKILL of the owner."""
     from bench.proxy import run
 
-    _emit(run(rounds=rounds), as_json)
+    _emit(run(rounds=1, after_requests=2, max_extra_relayed=0, warm_pairs=1) if quick else run(rounds=rounds), as_json)
 
 
 @app.command("fleet")
@@ -183,40 +190,44 @@ def gateway(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     rounds: int = typer.Option(8, help="Rounds of direct, http pcm/mp3/opus and websocket contexts."),
     concurrent: int = typer.Option(32, help="Streaming speech requests at once."),
+    quick: bool = typer.Option(False, "--quick", help="One warm-up pass, one round, 2 requests at once: a smoke run "
+                                                      "(the suite's), figures not comparable."),
 ) -> None:
     """A real gateway in front of a real worker: TTFB it adds per format and over the websocket,
     warm dials to the worker, concurrent requests, authentication time."""
     from bench.gateway import run
 
-    _emit(run(rounds=rounds, concurrent=concurrent), as_json)
+    _emit(run(rounds=1, concurrent=2, warm_passes=1) if quick else run(rounds=rounds, concurrent=concurrent), as_json)
 
 
 @app.command("livekit")
 def livekit(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     rounds: int = typer.Option(10, help="Plugin and direct contexts, one of each per round."),
-    quick: bool = typer.Option(False, "--quick", help="One round, one streamed reply, one interruption, 10 turns: "
-                                                      "a smoke run (the suite's), figures not comparable."),
+    quick: bool = typer.Option(False, "--quick", help="One warm-up round, one round, one streamed reply (15 tokens "
+                                                      "a sentence), one interruption, 10 turns: a smoke run (the "
+                                                      "suite's), figures not comparable."),
 ) -> None:
     """The LiveKit TTS plugin on the real framework against a real worker: TTFB added over a direct
     client, first audio under streaming LLM text, interruption to silence, sockets after 100 turns."""
     from bench.livekit import run
 
-    _emit(run(rounds=1, first_sentence_rounds=1, interrupts=1, turns=10) if quick else run(rounds=rounds), as_json)
+    _emit(run(rounds=1, first_sentence_rounds=1, interrupts=1, turns=10, warm_rounds=1, reply_max_tokens=15) if quick
+          else run(rounds=rounds), as_json)
 
 
 @app.command("pipecat")
 def pipecat(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     rounds: int = typer.Option(10, help="Service and raw websocket turns, one of each per round."),
-    quick: bool = typer.Option(False, "--quick", help="One round, one interruption, 10 turns: a smoke run (the "
-                                                      "suite's), figures not comparable."),
+    quick: bool = typer.Option(False, "--quick", help="One warm-up round, one round, one interruption, 10 turns: a "
+                                                      "smoke run (the suite's), figures not comparable."),
 ) -> None:
     """The Pipecat TTS service in a real pipeline against a real gateway and worker: TTFB added over a
     raw websocket, interruption to silence, sockets after 30 turns, failed turns."""
     from bench.pipecat import run
 
-    _emit(run(rounds=1, interrupts=1, turns=10) if quick else run(rounds=rounds), as_json)
+    _emit(run(rounds=1, interrupts=1, turns=10, warm_rounds=1) if quick else run(rounds=rounds), as_json)
 
 
 def _levels(text: str | None) -> tuple[int, ...] | None:

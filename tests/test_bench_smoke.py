@@ -11,8 +11,8 @@ judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
     silence   here                     `voicering bench silence --json --seconds 3`
     worker    here                     `voicering bench worker --json --quick` (its own engine)
     train     here                     `voicering bench train --json` (full size: it has no size knob)
-    proxy     here                     `voicering bench proxy --json --rounds 1` (two workers of its own)
-    gateway   here                     `voicering bench gateway --json --rounds 1 --concurrent 2`
+    proxy     here                     `voicering bench proxy --json --quick` (two workers of its own)
+    gateway   here                     `voicering bench gateway --json --quick`
     livekit   here                     `voicering bench livekit --json --quick` (a worker of its own)
     pipecat   here                     `voicering bench pipecat --json --quick` (a worker and gateway of its own)
     capacity  tests/test_bench_capacity.py      bench.capacity.run, levels 1 and 4 (a worker of its own)
@@ -21,11 +21,13 @@ judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
     clone     tests/test_bench_clone.py         `voicering bench clone --json --quick`
     text      here                     `voicering bench text --json --rounds 1` (peers absent here are reported so)
     alignment here                     `voicering bench alignment --json --limit 8 --rounds 1`
-    continuity here                    `voicering bench continuity --json --rounds 1 --sentences 3` (its own engine)
+    continuity here                    `voicering bench continuity --json --quick` (its own engine)
     chunking  here                     `voicering bench chunking --json` (full size: pure text, a second)
 
 The benches that start workers run one command at a time (each its own), so with the session
-worker at most two engines are alive at once here (three for the proxy bench).
+worker at most two engines are alive at once here (three for the proxy bench). `--quick` is each
+bench's smoke size: every stage runs, shorter and with fewer warm-ups; the in-process engines
+(worker, continuity) follow VOICERING_WORKER_SEPARATE_MODEL_PROCESS as the workers do (conftest).
 """
 
 from __future__ import annotations
@@ -146,7 +148,7 @@ def test_bench_train_runs():
 def test_bench_proxy_runs():
     from bench.proxy import TARGETS
 
-    figures = bench("proxy", "--rounds", "1", timeout_s=580)  # two workers of its own: A relays, B is killed
+    figures = bench("proxy", "--quick", timeout_s=580)  # two workers of its own: A relays, B is killed
     has_every(figures, *TARGETS, "relay_added_ms_p50", "failover_s", "endings", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["rounds"] == 1
     assert figures["served_as_expected"] and figures["failover_s"] is not None
@@ -156,9 +158,10 @@ def test_bench_proxy_runs():
 def test_bench_gateway_runs():
     from bench.gateway import TARGETS
 
-    figures = bench("gateway", "--rounds", "1", "--concurrent", "2", timeout_s=580)
+    figures = bench("gateway", "--quick", timeout_s=580)
     has_every(figures, *TARGETS, "direct_ttfb_ms_p50", "ws_added_ms_p50", "auth_us_p50", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["rounds"] == 1
+    assert figures["concurrent"] == 2 and figures["concurrent_ok"] + figures["concurrent_errors"] == 2
 
 
 @pytest.mark.timeout(600)
@@ -196,7 +199,7 @@ def test_bench_alignment_runs():
 def test_bench_continuity_runs():
     from bench.continuity import TARGETS
 
-    figures = bench("continuity", "--rounds", "1", "--sentences", "3", "--frames", "12", timeout_s=280)
+    figures = bench("continuity", "--quick", timeout_s=280)
     has_every(figures, *TARGETS, "window_ttfb_added_limit_ms", "window_tokens_p50", "kv_block_size", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["segments_paired"] == 2
     # the window is really there and really repeats what was generated, and the cache serves some of it
