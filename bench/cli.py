@@ -107,7 +107,8 @@ def continuity(
     rounds: int = typer.Option(6, min=1, help="Conversations per side (with and without the window)."),
     sentences: int = typer.Option(5, min=2, max=5, help="Sentences (engine requests) per conversation."),
     frames: int = typer.Option(24, min=1, help="Frames each sentence is spoken for (7 tokens each)."),
-    block_size: int = typer.Option(0, min=0, help="Tokens per KV block (0: the engine's default, 32 on CPU)."),
+    block_size: int = typer.Option(0, min=0, help="Tokens per KV block (0: the engine's default, 32 on CPU, "
+                                                 "where vLLM's CPU attention takes multiples of 32 only)."),
     quick: bool = typer.Option(False, "--quick", help="One round of three sentences of 12 frames, no warm-up "
                                                       "conversations: a smoke run (the suite's), figures not comparable."),
 ) -> None:
