@@ -65,24 +65,32 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
-def _launch_gateway(redis_url: str, prefix: str, port: int, tenant_prefix: str) -> subprocess.Popen:
-    log = open(WORK / "gateway.log", "w")  # noqa: SIM115 - the process writes it until it stops
-    return subprocess.Popen([sys.executable, "-m", "voicering", "gateway", "--port", str(port), "--redis", redis_url,
-                             "--ring-prefix", prefix, "--voices-dir", str(WORK / "voices"),
-                             "--uploads-dir", str(WORK / "uploads"), "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+def launch_gateway(work: Path, redis_url: str, prefix: str, tenant_prefix: str,
+                   voices: Path) -> tuple[subprocess.Popen, str]:
+    """A `voicering gateway` process on a free port, its log in ``work``; (process, URL). It does not
+    wait: start the worker meanwhile, then `wait_healthy`."""
+    from hashring.ports import free_port
+
+    port = free_port()
+    log = open(work / "gateway.log", "w")  # noqa: SIM115 - the process writes it until it stops
+    proc = subprocess.Popen([sys.executable, "-m", "voicering", "gateway", "--port", str(port), "--redis", redis_url,
+                             "--ring-prefix", prefix, "--voices-dir", str(voices), "--uploads-dir", str(work / "uploads"),
+                             "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                             env={**os.environ, "VOICERING_GATEWAY_TENANT_PREFIX": tenant_prefix})
+    return proc, f"http://127.0.0.1:{port}"
 
 
-def _wait_healthy(proc: subprocess.Popen, port: int, timeout_s: float = 60.0) -> None:
+def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout_s: float = 60.0) -> None:
+    """Until the gateway at ``url`` answers /health; raises, naming ``log``, if it exits or never does."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
                 return
         except OSError:
             time.sleep(0.2)
     raise RuntimeError(f"the gateway did not answer /health within {timeout_s:.0f} s (exit code {proc.poll()}); "
-                       "see .cache/bench-gateway/gateway.log")
+                       f"see {log}")
 
 
 async def _direct(worker_url: str, options) -> float:
@@ -227,7 +235,6 @@ async def _auth_us(redis_url: str, tenant_prefix: str, calls: int = 300) -> tupl
 
 def run(rounds: int = 8, max_tokens: int = 7 * 4 + 1, concurrent: int = 32, warm_passes: int = 2) -> dict:
     from gpu_worker.process import spawn_worker
-    from hashring.ports import free_port
     from bench.weights import bench_stand_in
     from hashring.embedded import EmbeddedRedis
 
@@ -236,8 +243,7 @@ def run(rounds: int = 8, max_tokens: int = 7 * 4 + 1, concurrent: int = 32, warm
     stand_in = bench_stand_in()
     prefix, tenant_prefix = f"bench:gw:{os.getpid()}", f"bench:gw-tenants:{os.getpid()}"
     with EmbeddedRedis() as redis:
-        port = free_port()
-        gateway = _launch_gateway(redis.url, prefix, port, tenant_prefix)
+        gateway, url = launch_gateway(WORK, redis.url, prefix, tenant_prefix, WORK / "voices")
         worker = None
         try:
             worker = spawn_worker(["--model", str(stand_in.model), "--codec", str(stand_in.codec), "--voices-dir",
@@ -248,9 +254,8 @@ def run(rounds: int = 8, max_tokens: int = 7 * 4 + 1, concurrent: int = 32, warm
                                        "VOICERING_WORKER_MAX_STREAMS_PER_CONNECTION": str(2 * concurrent)})
             key, auth_us = asyncio.run(_auth_us(redis.url, tenant_prefix))
             asyncio.run(_raise_limits(redis.url, tenant_prefix, concurrent))
-            _wait_healthy(gateway, port)
-            figures = asyncio.run(_measure(worker, f"http://127.0.0.1:{port}", key, rounds, max_tokens, concurrent,
-                                           warm_passes))
+            wait_healthy(gateway, url, WORK / "gateway.log")
+            figures = asyncio.run(_measure(worker, url, key, rounds, max_tokens, concurrent, warm_passes))
         finally:
             gateway.terminate()
             gateway.wait(20)

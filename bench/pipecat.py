@@ -38,10 +38,7 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -53,6 +50,7 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.workers.runner import WorkerRunner
 
+from bench.gateway import launch_gateway, wait_healthy
 from bench.livekit import _until_idle
 from bench.proxy import judge, spread
 from gateway.pipecat import VoiceringTTSService
@@ -299,30 +297,6 @@ async def _measure(worker_http: str, gateway_url: str, key: str, rounds: int, in
     }
 
 
-def _launch_gateway(redis_url: str, prefix: str, tenant_prefix: str, voices: Path) -> tuple[subprocess.Popen, str]:
-    from hashring.ports import free_port
-
-    port = free_port()
-    log = open(WORK / "gateway.log", "w")  # noqa: SIM115 - the process writes it until it stops
-    proc = subprocess.Popen([sys.executable, "-m", "voicering", "gateway", "--port", str(port), "--redis", redis_url,
-                             "--ring-prefix", prefix, "--voices-dir", str(voices), "--uploads-dir", str(WORK / "uploads"),
-                             "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                            env={**os.environ, "VOICERING_GATEWAY_TENANT_PREFIX": tenant_prefix})
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def _wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"the gateway did not answer /health within {timeout_s:.0f} s (exit code {proc.poll()}); "
-                       f"see {WORK / 'gateway.log'}")
-
-
 async def _tenant_key(redis_url: str, tenant_prefix: str) -> str:
     from gateway.tenants import TenantLimits, Tenants, connect_redis
 
@@ -345,7 +319,7 @@ def run(rounds: int = 10, interrupts: int = 5, turns: int = TURNS, warm_rounds: 
     stand_in = bench_stand_in()
     prefix, tenant_prefix = f"bench:pipecat:{os.getpid()}", f"bench:pipecat-tenants:{os.getpid()}"
     with EmbeddedRedis() as redis:
-        gateway, url = _launch_gateway(redis.url, prefix, tenant_prefix, stand_in.voices)
+        gateway, url = launch_gateway(WORK, redis.url, prefix, tenant_prefix, stand_in.voices)
         worker = None
         try:
             worker = spawn_worker(["--model", str(stand_in.model), "--codec", str(stand_in.codec), "--voices-dir",
@@ -355,7 +329,7 @@ def run(rounds: int = 10, interrupts: int = 5, turns: int = TURNS, warm_rounds: 
                                   env={"VOICERING_WORKER_RING_PREFIX": prefix, "VOICERING_WORKER_DRAIN_GRACE_S": "1"})
             worker_ready_s = time.perf_counter() - started
             key = asyncio.run(_tenant_key(redis.url, tenant_prefix))
-            _wait_healthy(gateway, url)
+            wait_healthy(gateway, url, WORK / "gateway.log")
             figures = asyncio.run(_measure(worker.http, url, key, rounds, interrupts, turns, warm_rounds))
         finally:
             gateway.terminate()
