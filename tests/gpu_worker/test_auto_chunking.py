@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 
+from gpu_worker.chunking import HOLD_WORDS
 from gpu_worker.client.connection import WorkerClient
 from gpu_worker.protocol import ContextOptions
 
@@ -34,15 +35,20 @@ async def test_each_sentence_is_spoken_as_it_completes_without_a_flush(worker):
 
 
 async def test_a_sentence_past_the_buffer_delay_is_spoken_at_a_word_break(worker):
+    # Each step is one message, so where the worker cuts depends on the text alone, not on how fast
+    # a loaded box delivers messages: pieces that straggle in past the delay would each be cut again.
     async with await WorkerClient.connect(worker.url) as client:
         stream = await client.start("tara", options=ContextOptions(chunking="auto", max_tokens=7 * 4 + 1, seed=4,
                                                                    max_buffer_delay_ms=200))
-        for piece in tokens("this reply goes on and on without any end in sight my good friend "):
-            await stream.push(piece)
+        await stream.push("this reply goes on and on without any end in sight my good friend ")
         audio = stream.audio().__aiter__()
-        await asyncio.wait_for(anext(audio), timeout=120)  # no sentence end, no flush: the delay cut it
-        await stream.push("and then it ends.")
+        # no sentence end, no flush: the delay cut it after "in", holding "sight my good friend"
+        # (HOLD_WORDS); the held four are never cut again by the delay, however long they wait
+        await asyncio.wait_for(anext(audio), timeout=120)
+        # the sentence's end and a complete word after it: cut at once, at the sentence end, before any
+        # delay can run; "Bye" alone is too short for the delay to cut, so it waits for `end`
+        await stream.push("and then it ends. Bye ")
         await stream.end()
         [chunk async for chunk in audio]
-    # the delay's cut, then the rest (the held words and the sentence's end) at `end`
-    assert stream.done.stats.segments == 2
+    assert HOLD_WORDS == 4
+    assert stream.done.stats.segments == 3
