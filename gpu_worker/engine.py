@@ -163,6 +163,7 @@ class SpeechEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from gpu_worker.adapters.layout import LORA_TARGET_MODULES
         from gpu_worker.sampling import SlotConstrainedSampler
 
         fp8 = settings.fp8()
@@ -181,6 +182,10 @@ class SpeechEngine:
             max_loras=settings.max_loras,
             max_cpu_loras=max(settings.max_cpu_loras, settings.max_loras),
             max_lora_rank=settings.max_lora_rank,
+            # only the projections a voice may adapt (adapter validation refuses any other target):
+            # unfiltered, vLLM also wraps the LM head, and every step then adds an all-zero LoRA
+            # over the whole 156,940-id vocabulary (on CPU over half of each step's time)
+            lora_target_modules=list(LORA_TARGET_MODULES),
             max_num_seqs=settings.max_num_seqs,
             max_model_len=settings.max_model_len,
             gpu_memory_utilization=settings.gpu_memory_utilization,
