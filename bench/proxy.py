@@ -385,8 +385,8 @@ def _publish_voices(stand_in, store: Path) -> None:
 
 def run(rounds: int = 10, max_tokens: int = 7 * 6 + 1, after_requests: int = 10, max_extra_relayed: int = 40,
         warm_pairs: int = 2) -> dict:
-    from gpu_worker.process import spawn_worker
     from bench.weights import bench_stand_in
+    from bench.workers import start_stand_in_worker
     from hashring.embedded import EmbeddedRedis
 
     started = time.perf_counter()
@@ -397,11 +397,8 @@ def run(rounds: int = 10, max_tokens: int = 7 * 6 + 1, after_requests: int = 10,
     prefix = f"bench:proxy:{os.getpid()}"
     with EmbeddedRedis() as redis:
         def start(worker_id: str):
-            args = ["--model", str(stand_in.model), "--codec", str(stand_in.codec), "--voices-dir", str(store),
-                    "--quantization", "none", "--max-loras", "2", "--max-streams", "8", "--redis", redis.url,
-                    "--worker-id", worker_id]
-            return spawn_worker(args, WORK / "logs" / f"{worker_id}.log", timeout_s=300, cwd=REPO,
-                                env={"VOICERING_WORKER_RING_PREFIX": prefix, "VOICERING_WORKER_DRAIN_GRACE_S": "1"})
+            return start_stand_in_worker(store, WORK / "logs" / f"{worker_id}.log", redis_url=redis.url,
+                                         ring_prefix=prefix, worker_id=worker_id)
 
         with ThreadPoolExecutor(2) as threads:
             futures = [threads.submit(start, wid) for wid in IDS]

@@ -10,11 +10,11 @@ judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
     ring      tests/hashring/test_ring_cli.py   bench.ring.run, 8 workers; the command's wiring
     silence   here                     `voicering bench silence --json --seconds 3`
     worker    here                     `voicering bench worker --json --quick` (its own engine)
-    train     here                     `voicering bench train --json` (full size: it has no size knob)
+    train     here                     `voicering bench train --json --quick` (20 sentences, 3 steps)
     proxy     here                     `voicering bench proxy --json --quick` (two workers of its own)
-    gateway   here                     `voicering bench gateway --json --quick`
-    livekit   here                     `voicering bench livekit --json --quick` (a worker of its own)
-    pipecat   here                     `voicering bench pipecat --json --quick` (a worker and gateway of its own)
+    gateway   here                     `voicering bench gateway --json --quick --worker ...` (a gateway of its own)
+    livekit   here                     `voicering bench livekit --json --quick --worker ...`
+    pipecat   here                     `voicering bench pipecat --json --quick --worker ...` (a gateway of its own)
     capacity  tests/test_bench_capacity.py      bench.capacity.run, levels 1 and 4 (a worker of its own)
     fleet     tests/gpu_worker/test_cluster.py  bench.fleet.measure on that module's three workers
     burst     tests/test_bench_burst.py         a small burst on the session worker and gateway
@@ -24,8 +24,10 @@ judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
     continuity here                    `voicering bench continuity --json --quick` (its own engine)
     chunking  here                     `voicering bench chunking --json` (full size: pure text, a second)
 
-The benches that start workers run one command at a time (each its own), so with the session
-worker at most two engines are alive at once here (three for the proxy bench). `--quick` is each
+The gateway, livekit and pipecat smokes measure the session worker in its ring (`--worker URL
+--redis URL --ring-prefix P`, `bench.workers.RunningRing`) instead of starting one each; the
+benches that start workers run one command at a time, so with the session worker at most two
+engines are alive at once here (three for the proxy bench). `--quick` is each
 bench's smoke size: every stage runs, shorter and with fewer warm-ups; the in-process engines
 (worker, continuity) follow VOICERING_WORKER_SEPARATE_MODEL_PROCESS as the workers do (conftest).
 """
@@ -42,6 +44,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.fixtures.models import CLUSTER_PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 # bench -> where its smoke is (this module's tests are named test_bench_<name>_runs...)
@@ -73,9 +77,24 @@ def bench(name: str, *args: str, timeout_s: float, env: dict[str, str] | None = 
         pytest.fail(f"`voicering bench {name} --json` printed more than one JSON object:\n{out[:2000]}")
 
 
+def session_ring(worker, redis_server) -> list[str]:
+    """The options that point a serving bench at the session worker in its ring."""
+    return ["--worker", worker.url, "--redis", redis_server.url, "--ring-prefix", CLUSTER_PREFIX]
+
+
 def has_every(figures: dict, *keys: str) -> None:
     missing = [k for k in keys if k not in figures]
     assert not missing, f"figures missing: {missing}; got {sorted(figures)}"
+
+
+def test_a_serving_bench_pointed_at_a_worker_needs_its_ring_too():
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+
+    for given in (["--worker", "ws://127.0.0.1:9"], ["--worker", "ws://127.0.0.1:9", "--redis", "redis://127.0.0.1:9"]):
+        result = CliRunner().invoke(app, ["gateway", "--quick", *given])
+        assert result.exit_code == 2 and "go together" in result.output, result.output
 
 
 def test_every_make_bench_bench_has_a_smoke_run():
@@ -136,10 +155,10 @@ def test_bench_worker_runs(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_bench_train_runs():
-    figures = bench("train", timeout_s=580)
+    figures = bench("train", "--quick", timeout_s=580)
     has_every(figures, "preprocess_s_per_audio_min", "encode_x_realtime", "train_steps_per_s",
               "head_silence_after_ms_p90", "head_silence_after_vad_ms_p90", "targets_met")
-    assert figures["clips"] > 0 and figures["train_steps"] > 0
+    assert figures["uploads"] == 20 and figures["clips"] > 0 and figures["train_steps"] == 3
     assert set(figures["targets_met"]) == {"head_silence_after_ms_p90", "head_silence_after_ms_min",
                                            "every_clip_measured"}
 
@@ -155,30 +174,33 @@ def test_bench_proxy_runs():
 
 
 @pytest.mark.timeout(600)
-def test_bench_gateway_runs():
+def test_bench_gateway_runs(worker, redis_server):
     from bench.gateway import TARGETS
 
-    figures = bench("gateway", "--quick", timeout_s=580)
+    figures = bench("gateway", "--quick", *session_ring(worker, redis_server), timeout_s=580)
+    assert figures["config"]["worker"].startswith(f"the running worker at {worker.url}")  # none of its own
     has_every(figures, *TARGETS, "direct_ttfb_ms_p50", "ws_added_ms_p50", "auth_us_p50", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["rounds"] == 1
     assert figures["concurrent"] == 2 and figures["concurrent_ok"] + figures["concurrent_errors"] == 2
 
 
 @pytest.mark.timeout(600)
-def test_bench_livekit_runs():
+def test_bench_livekit_runs(worker, redis_server):
     from bench.livekit import TARGETS
 
-    figures = bench("livekit", "--quick", timeout_s=580)
+    figures = bench("livekit", "--quick", *session_ring(worker, redis_server), timeout_s=580)
+    assert figures["config"]["worker"].startswith(f"the running worker at {worker.url}")  # none of its own
     has_every(figures, *TARGETS, "plugin_ttfb_ms_p50", "direct_ttfb_ms_p50", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS)
     assert figures["config"]["turns"] == 10 and figures["failed_turns"] == 0
 
 
 @pytest.mark.timeout(600)
-def test_bench_pipecat_runs():
+def test_bench_pipecat_runs(worker, redis_server):
     from bench.pipecat import TARGETS
 
-    figures = bench("pipecat", "--quick", timeout_s=580)
+    figures = bench("pipecat", "--quick", *session_ring(worker, redis_server), timeout_s=580)
+    assert figures["config"]["worker"].startswith(f"the running worker at {worker.url}")  # none of its own
     has_every(figures, *TARGETS, "service_ttfb_ms_p50", "raw_ttfb_ms_p50", "paired_ttfb_diff_ms_p50", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS)
     assert figures["config"]["turns"] == 10 and figures["failed_turns"] == 0 and figures["sockets_per_service"] == 1
