@@ -30,13 +30,16 @@ from hashring import RingSettings
 from hashring.membership import RingWatcher
 from hashring.placement import ReplicaControl, place
 from hashring.store import RingStore
-from tests.fixtures.models import CLUSTER_PREFIX, cluster_args, start_worker, stop_workers
+from tests.fixtures.models import CLUSTER_PREFIX, SESSION_RING_ENV, cluster_args, start_worker, stop_workers
 
 VOICERING = Path(sys.executable).parent / "voicering"
 
 IDS = ("worker-a", "worker-b", "worker-c")
 VOICES = [f"clu/v{i}" for i in range(40)]
 FAST = ContextOptions(max_tokens=15, seed=5)
+# B and C: the session ring's clocks, and a drain that lets a stream finish however loaded the box
+# (test_zzz times nothing; production's 30 s grace ran out beside two CPU burners)
+CLUSTER_ENV = {**SESSION_RING_ENV, "VOICERING_WORKER_DRAIN_GRACE_S": "300"}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,7 @@ def cluster(worker, stand_in, adapter_store, redis_server, tmp_path_factory):
 
     def start(wid: str):
         return start_worker(stand_in, adapter_store, logs / f"{wid}.log", "--max-loras", "2", "--max-streams", "8",
-                            *cluster_args(redis_server.url, wid), env={"VOICERING_WORKER_RING_PREFIX": CLUSTER_PREFIX})
+                            *cluster_args(redis_server.url, wid), env=CLUSTER_ENV)
 
     with ThreadPoolExecutor(2) as pool:
         b, c = pool.map(start, IDS[1:])
