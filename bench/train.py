@@ -67,13 +67,13 @@ _LISTS_5_TO_8 = (
 SENTENCES = _LISTS_5_TO_8 + HARVARD_SENTENCES
 
 
-def _espeak_dataset(folder: Path) -> tuple[list[Path], Path]:
-    """68 padded single-sentence uploads, one speaker, and their JSON manifest."""
+def _espeak_dataset(folder: Path, sentences: tuple[str, ...]) -> tuple[list[Path], Path]:
+    """Padded single-sentence uploads (68 in a full run), one speaker, and their JSON manifest."""
     import soundfile as sf
 
     texts: dict[str, str] = {}
     paths = []
-    for i, text in enumerate(SENTENCES):
+    for i, text in enumerate(sentences):
         path = synthesize(text, VOICE, folder / f"{i:02d}-{VOICE.replace('+', '-')}.wav")
         audio, rate = sf.read(str(path), dtype="int16")
         sf.write(str(path), pad_silence(audio, rate, HEAD_PAD_S * 1000), rate, subtype="PCM_16")
@@ -116,7 +116,9 @@ def _true_head_silence(clips, uploads: list[Path]) -> tuple[list[float], list[fl
     return before, after, unmeasured
 
 
-def run() -> dict:
+def run(sentences: int = len(SENTENCES), encode_seconds: float = ENCODE_SECONDS, steps: int = TRAIN_STEPS) -> dict:
+    """``sentences``/``encode_seconds``/``steps``: the smoke run's sizes (`--quick`); the published
+    figures are the defaults'."""
     import torch
     from transformers import AutoTokenizer
 
@@ -134,8 +136,8 @@ def run() -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         root = Path(tmp)
         (root / "uploads").mkdir()
-        audio, manifest = _espeak_dataset(root / "uploads")
-        data = DataParams(min_speech_s=60.0)
+        audio, manifest = _espeak_dataset(root / "uploads", SENTENCES[:sentences])
+        data = DataParams(min_speech_s=min(60.0, sentences))  # ~2 s of speech a sentence
 
         started = time.perf_counter()
         clip_set = preprocess(audio, manifest, data, asr=None)
@@ -151,7 +153,7 @@ def run() -> dict:
         codec.encode(np.zeros(2048, np.float32))  # warm-up
         subset, total = [], 0.0
         for clip in clips:
-            if total >= ENCODE_SECONDS:
+            if total >= encode_seconds:
                 break
             subset.append(clip)
             total += clip.duration_s
@@ -162,12 +164,12 @@ def run() -> dict:
         tokenizer = AutoTokenizer.from_pretrained(stand_in.model)
         examples = build_examples(tokenizer, "bench", subset, frames, dedup=False)
         train, held = split(examples, eval_fraction=0.0, eval_max=0, seed=0)
-        params = TrainParams(max_steps=TRAIN_STEPS, save_steps=TRAIN_STEPS, batch_size=1, grad_accum=1,
+        params = TrainParams(max_steps=steps, save_steps=steps, batch_size=1, grad_accum=1,
                              logging_steps=1, eval_fraction=0.0)
         result = train_lora(str(stand_in.model), train, held, params, root / "run", device="cpu", console=False)
 
     return {
-        "data": f"espeak-ng, {len(SENTENCES)} sentences, one voice ({VOICE}), {HEAD_PAD_S * 1000:.0f} ms head pad",
+        "data": f"espeak-ng, {sentences} sentences, one voice ({VOICE}), {HEAD_PAD_S * 1000:.0f} ms head pad",
         "device": "cpu",
         "torch_threads": torch.get_num_threads(),
         "uploads": len(audio),
