@@ -83,7 +83,16 @@ async def test_queued_segments_are_bounded_per_context(worker):
         replies, _ = await collect(ws, "flood")
         assert replies[-1]["type"] == "error" and replies[-1]["code"] == "backlog_full"
         assert "16 segments" in replies[-1]["message"]
-        assert [r["type"] for r in replies] == ["error"]  # nothing after it, nothing before it
+        assert [r["type"] for r in replies] == ["error"]  # nothing before it
+        # the rest of the flood is refused message by message and never spoken: a context started
+        # after it is answered next. (Read before closing: a client that leaves ~50 replies unread
+        # stops reading its socket and waits out its 10 s close timeout.)
+        await send(ws, type="start", context_id="after", voice="leo", text="After.", options=FAST)
+        await send(ws, type="end", context_id="after")
+        later, pcm = await collect(ws, "after")
+        assert later[-1]["type"] == "done" and later[-1]["reason"] == "completed" and pcm
+        refused = [r for r in later if r["context_id"] == "flood"]
+        assert refused and {r["type"] for r in refused} == {"rejected"}, refused
     await worker.wait_idle()
 
 
