@@ -82,7 +82,8 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
         view = gw.watcher.view if gw.watcher is not None else None
         return JSONResponse({"status": "ok", "version": __version__,
                              "workers": len(view.ring) if view is not None else len(gw.settings.workers),
-                             "ring_epoch": view.epoch if view is not None else None})
+                             "ring_epoch": view.epoch if view is not None else None,
+                             "ring_load": sum(view.loads.values()) if view is not None else None})
 
     @app.get("/v1/models")
     async def list_models(tenant: Annotated[Tenant, Depends(caller)]) -> dict:

@@ -244,3 +244,18 @@ def test_first_audio_is_sent_before_the_context_is_spoken(gateway, key):
             chunks.append(len(chunk))
     assert len(chunks) >= 3 and sum(chunks) == 40 * 2048 * 2
     assert chunks[0] <= 2048 * 2 * 2  # the first piece is one or two frames, not the whole file
+
+
+async def test_health_shows_the_ring_the_gateway_routes_by_as_the_worker_shows_its_own(gateway, worker):
+    """`voicering demo` waits on these before each line instead of sleeping: the gateway's view of the
+    ring (epoch, summed heartbeat loads) next to the worker's."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        deadline = time.monotonic() + 30
+        while True:
+            mine = (await http.get(f"{gateway.url}/health")).json()
+            theirs = await asyncio.to_thread(worker.health)
+            if mine["ring_epoch"] == theirs["ring_epoch"] and mine["ring_load"] == theirs["ring_load"] == 0:
+                break
+            assert time.monotonic() < deadline, (mine, theirs)
+            await asyncio.sleep(0.2)
+    assert mine["workers"] == theirs["ring_workers"] >= 1 and isinstance(mine["ring_epoch"], int)

@@ -158,7 +158,7 @@ async def _day(settings: UpSettings, state: UpState, key: dict, out_dir: Path) -
     api_key, voice_id = key["api_key"], f"{key['tenant_id']}/{VOICE}"
     step(2, "a creator clones a voice: espeak-ng speech uploaded through POST /v1/voices, no transcripts typed")
     await _clone(state.gateway_url, api_key, out_dir / "demo-creator")
-    owner, other = await _owners(state, voice_id)
+    owner, other, epoch = await _owners(state, voice_id)
     note(f"the ring places '{voice_id}' on {owner}; the other worker is {other}")
     pinned = await _pinned_gateway(settings, state, other)
     step(3, "an app speaks it with the openai client: through the platform gateway, then through the other worker")
@@ -166,7 +166,7 @@ async def _day(settings: UpSettings, state: UpState, key: dict, out_dir: Path) -
     platform = openai.AsyncOpenAI(base_url=f"{state.gateway_url}/v1", api_key=api_key, max_retries=0)
     via_other = openai.AsyncOpenAI(base_url=f"{pinned.spec.health_url.rsplit('/', 1)[0]}/v1", api_key=api_key,
                                    max_retries=0)
-    await _settled(state)
+    await _settled(state, epoch)
     lines = [await _speak(platform, "owner", "gateway -> ring owner", out_dir, cap),
              await _speak(via_other, "proxied", f"gateway pinned to {other}", out_dir, cap)]
     for line in lines:
@@ -181,8 +181,7 @@ async def _day(settings: UpSettings, state: UpState, key: dict, out_dir: Path) -
     if scaled.returncode != 0:
         raise DemoFailed(f"ring scale failed: {scaled.stderr or scaled.stdout}")
     note(scaled.stdout.strip())
-    await _wait_owners(state, voice_id, 2)
-    await _settled(state)
+    await _settled(state, await _wait_owners(state, voice_id, 2))
     lines += [await _speak(platform, "replica-a", "gateway -> ring owner", out_dir, cap),
               await _speak(via_other, "replica-b", f"gateway pinned to {other}", out_dir, cap)]
     for line in lines[-2:]:
@@ -250,6 +249,7 @@ async def _consent(api: httpx.AsyncClient, folder: Path, files: list) -> dict:
 
 
 async def _placement(state: UpState, voice_id: str):
+    """The voice's placement and the ring epoch it was read at."""
     from hashring.membership import RingWatcher
     from hashring.placement import place
     from hashring.settings import RingSettings
@@ -257,41 +257,49 @@ async def _placement(state: UpState, voice_id: str):
 
     settings = RingSettings.from_env(redis_url=state.redis_url)
     async with RingStore(settings) as store, RingWatcher(store) as watcher:
-        return place(watcher.view, voice_id, settings)
+        return place(watcher.view, voice_id, settings), watcher.view.epoch
 
 
-async def _owners(state: UpState, voice_id: str) -> tuple[str, str]:
-    owners = (await _placement(state, voice_id)).owners
-    others = [w for w in state.worker_ids if w not in owners]
-    if not owners or not others:
-        raise DemoFailed(f"expected one owner of {voice_id} among {state.worker_ids}, the ring says {owners}")
-    return owners[0], others[0]
+async def _owners(state: UpState, voice_id: str) -> tuple[str, str, int]:
+    """The voice's owner, a worker that does not own it, and the ring's epoch."""
+    placement, epoch = await _placement(state, voice_id)
+    others = [w for w in state.worker_ids if w not in placement.owners]
+    if not placement.owners or not others:
+        raise DemoFailed(f"expected one owner of {voice_id} among {state.worker_ids}, the ring says {placement.owners}")
+    return placement.owners[0], others[0], epoch
 
 
-async def _wait_owners(state: UpState, voice_id: str, count: int, timeout_s: float = 60.0) -> None:
+async def _wait_owners(state: UpState, voice_id: str, count: int, timeout_s: float = 60.0) -> int:
+    """Until the ring places the voice on ``count`` workers; the epoch that does."""
     deadline = time.monotonic() + timeout_s
-    while len((await _placement(state, voice_id)).owners) < count:
+    while True:
+        placement, epoch = await _placement(state, voice_id)
+        if len(placement.owners) >= count:
+            return epoch
         if time.monotonic() > deadline:
             raise DemoFailed(f"{voice_id} never had {count} owners")
         await asyncio.sleep(0.5)
-    await asyncio.sleep(2.0)  # every worker's ring view has the new epoch (they refresh on the event)
 
 
-async def _settled(state: UpState, timeout_s: float = 30.0) -> None:
-    """Until every worker is idle and sees every load at 0. Routing bounds each worker's load by
+async def _settled(state: UpState, epoch: int, timeout_s: float = 30.0) -> None:
+    """Until every worker and the platform gateway route by one ring view, at ``epoch`` or later,
+    with every load at 0, and every worker is idle. Routing bounds each worker's load by
     heartbeats that lag up to a second: right after training's validation sample or a prewarm, a
     start could still spill off its owner, and the lines below say which path they show."""
-    from hashring.settings import RingSettings
-
     deadline = time.monotonic() + timeout_s
+    urls = [f"{url.replace('ws://', 'http://')}/health" for url in state.worker_urls]
     async with httpx.AsyncClient(timeout=5) as http:
         while time.monotonic() < deadline:
-            views = [(await http.get(f"{url.replace('ws://', 'http://')}/health")).json() for url in state.worker_urls]
-            if all(v["active_streams"] == 0 and v["relayed_streams"] == 0 and v.get("ring_load", 0) == 0 for v in views):
-                await asyncio.sleep(RingSettings().refresh_interval_s + 0.5)  # the gateways re-read the ring too
+            workers = [(await http.get(url)).json() for url in urls]
+            gateway = (await http.get(f"{state.gateway_url}/health")).json()
+            views = [*workers, gateway]
+            epochs = {v.get("ring_epoch") for v in views}
+            if (all(v["active_streams"] == 0 and v["relayed_streams"] == 0 for v in workers)
+                    and all(v.get("ring_load") == 0 for v in views)
+                    and len(epochs) == 1 and None not in epochs and min(epochs) >= epoch):
                 return
             await asyncio.sleep(0.3)
-    raise DemoFailed(f"the workers did not settle within {timeout_s:.0f} s")
+    raise DemoFailed(f"the workers and the gateway did not settle on ring epoch {epoch} within {timeout_s:.0f} s")
 
 
 async def _pinned_gateway(settings: UpSettings, state: UpState, worker_id: str) -> Child:
