@@ -85,6 +85,15 @@ def launch_gateway(work: Path, redis_url: str, prefix: str, tenant_prefix: str,
     return proc, f"http://127.0.0.1:{port}"
 
 
+def gateway_in(stack: contextlib.ExitStack, work: Path, redis_url: str, prefix: str, tenant_prefix: str,
+               voices: Path) -> tuple[subprocess.Popen, str]:
+    """`launch_gateway`, stopped when ``stack`` closes."""
+    proc, url = launch_gateway(work, redis_url, prefix, tenant_prefix, voices)
+    stack.callback(proc.wait, 20)
+    stack.callback(proc.terminate)
+    return proc, url
+
+
 def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout_s: float = 60.0) -> None:
     """Until the gateway at ``url`` answers /health; raises, naming ``log``, if it exits or never does."""
     deadline = time.monotonic() + timeout_s
@@ -243,21 +252,15 @@ def run(rounds: int = 8, max_tokens: int = 7 * 4 + 1, concurrent: int = 32, warm
     """``ring``: measure in front of that running worker (its ring's Redis holds the bench's tenant
     too) instead of starting a stand-in worker and an embedded Redis of the bench's own."""
     from bench.weights import bench_stand_in
-    from bench.workers import measured_worker
-    from hashring.embedded import EmbeddedRedis
+    from bench.workers import bench_ring, measured_worker
 
     started = time.perf_counter()
     WORK.mkdir(parents=True, exist_ok=True)
     stand_in = bench_stand_in()
     tenant_prefix = f"bench:gw-tenants:{os.getpid()}"
     with contextlib.ExitStack() as stack:
-        if ring is None:
-            redis_url, prefix = stack.enter_context(EmbeddedRedis()).url, f"bench:gw:{os.getpid()}"
-        else:
-            redis_url, prefix = ring.redis_url, ring.prefix
-        gateway, url = launch_gateway(WORK, redis_url, prefix, tenant_prefix, WORK / "voices")
-        stack.callback(gateway.wait, 20)
-        stack.callback(gateway.terminate)
+        redis_url, prefix = bench_ring(stack, ring, f"bench:gw:{os.getpid()}")
+        gateway, url = gateway_in(stack, WORK, redis_url, prefix, tenant_prefix, WORK / "voices")
         worker = stack.enter_context(measured_worker(
             ring, stand_in.voices, WORK / "worker.log", max_streams=2 * concurrent, max_loras=None,
             redis_url=redis_url, ring_prefix=prefix, worker_id="bench-gw-worker",

@@ -292,18 +292,14 @@ def run(rounds: int = 10, first_sentence_rounds: int = 3, interrupts: int = 5, t
     instead of a stand-in worker in an embedded Redis of the bench's own."""
     from gpu_worker.adapters import publish_adapter
     from bench.weights import bench_stand_in
-    from bench.workers import measured_worker
-    from hashring.embedded import EmbeddedRedis
+    from bench.workers import bench_ring, measured_worker
 
     started = time.perf_counter()
     store = WORK / "voices"
     with contextlib.ExitStack() as stack:
-        if ring is None:
-            redis_url, prefix = stack.enter_context(EmbeddedRedis()).url, f"bench:livekit:{os.getpid()}"
-            if not (store / VOICE).exists():
-                publish_adapter(bench_stand_in().voice(VOICE), store, VOICE)
-        else:
-            redis_url, prefix = ring.redis_url, ring.prefix
+        redis_url, prefix = bench_ring(stack, ring, f"bench:livekit:{os.getpid()}")
+        if ring is None and not (store / VOICE).exists():
+            publish_adapter(bench_stand_in().voice(VOICE), store, VOICE)
         worker = stack.enter_context(measured_worker(ring, store, WORK / "logs" / f"{WORKER_ID}.log",
                                                      redis_url=redis_url, ring_prefix=prefix, worker_id=WORKER_ID))
         worker_ready_s = time.perf_counter() - started

@@ -51,7 +51,7 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.workers.runner import WorkerRunner
 
-from bench.gateway import launch_gateway, wait_healthy
+from bench.gateway import gateway_in, wait_healthy
 from bench.livekit import _until_idle
 from bench.proxy import judge, spread
 from gateway.pipecat import VoiceringTTSService
@@ -318,21 +318,15 @@ def run(rounds: int = 10, interrupts: int = 5, turns: int = TURNS, warm_rounds: 
     """``ring``: the gateway routes to that running worker (it must serve `VOICE`; its ring's Redis
     holds the bench's tenant too) instead of a stand-in worker and embedded Redis of the bench's own."""
     from bench.weights import bench_stand_in
-    from bench.workers import measured_worker
-    from hashring.embedded import EmbeddedRedis
+    from bench.workers import bench_ring, measured_worker
 
     started = time.perf_counter()
     WORK.mkdir(parents=True, exist_ok=True)
     stand_in = bench_stand_in()
     tenant_prefix = f"bench:pipecat-tenants:{os.getpid()}"
     with contextlib.ExitStack() as stack:
-        if ring is None:
-            redis_url, prefix = stack.enter_context(EmbeddedRedis()).url, f"bench:pipecat:{os.getpid()}"
-        else:
-            redis_url, prefix = ring.redis_url, ring.prefix
-        gateway, url = launch_gateway(WORK, redis_url, prefix, tenant_prefix, stand_in.voices)
-        stack.callback(gateway.wait, 20)
-        stack.callback(gateway.terminate)
+        redis_url, prefix = bench_ring(stack, ring, f"bench:pipecat:{os.getpid()}")
+        gateway, url = gateway_in(stack, WORK, redis_url, prefix, tenant_prefix, stand_in.voices)
         worker = stack.enter_context(measured_worker(ring, stand_in.voices, WORK / "worker.log", redis_url=redis_url,
                                                      ring_prefix=prefix, worker_id=WORKER_ID))
         worker_ready_s = time.perf_counter() - started

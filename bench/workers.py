@@ -76,6 +76,16 @@ class RunningRing:
         return RunningWorker(self.worker_url, health["worker_id"])
 
 
+def bench_ring(stack: contextlib.ExitStack, ring: RunningRing | None, own_prefix: str) -> tuple[str, str]:
+    """(Redis URL, ring prefix) a bench's worker serves in: the running ring's, or an embedded Redis
+    of the bench's own under ``own_prefix``, closed with ``stack``."""
+    if ring is not None:
+        return ring.redis_url, ring.prefix
+    from hashring.embedded import EmbeddedRedis
+
+    return stack.enter_context(EmbeddedRedis()).url, own_prefix
+
+
 @contextlib.contextmanager
 def measured_worker(ring: RunningRing | None, voices: Path, log: Path, **own: object) -> Iterator[object]:
     """The worker a bench measures: the ring's running one (left running), or a stand-in worker of the
