@@ -352,13 +352,14 @@ class WorkerServer:
             self._release(conn, ctx)
             if not isinstance(exc, Exception):  # cancelled: the connection is going
                 raise
-            retryable = exc.retryable if isinstance(exc, WorkerError) else True
-            if not isinstance(exc, WorkerError):  # a bug opening it: its client ends now and may try another worker,
-                log.exception("opening context '%s' failed", start.context_id,  # not at its own timeout
-                              extra={"context_id": start.context_id})
-                exc = WorkerError(f"internal error opening the context: {type(exc).__name__}")
-            # e.g. its text over a limit: it never opened, and this error is its end
-            await conn.send(self._stamped(conn, Error(exc.code, exc.message, retryable, start.context_id)))
+            if isinstance(exc, WorkerError):  # e.g. its text over a limit
+                code, message, retryable = exc.code, exc.message, exc.retryable
+            else:  # a bug opening it: its client ends now and may try another worker, not at its own timeout
+                log.exception("opening context '%s' failed", start.context_id, extra={"context_id": start.context_id})
+                code, retryable = WorkerError.code, True
+                message = f"internal error opening the context: {type(exc).__name__}"
+            # it never opened: this error is its end
+            await conn.send(self._stamped(conn, Error(code, message, retryable, start.context_id)))
             return
         self._launch(conn, ctx)
         if self.heat is not None and start.proxied_by is None:
