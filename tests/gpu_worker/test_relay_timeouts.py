@@ -98,7 +98,7 @@ async def owned_alone_by(pair, redis_server, wid: str, members: int) -> str:
 async def test_a_relayed_context_is_not_idle_while_its_owner_speaks(pair, redis_server):
     """Text flushed, no `end` (a caller streaming text as an LLM writes it), and the owner speaking
     a long segment: the entry keeps relaying past its idle timeout (it used to end the context
-    with `idle_timeout` IDLE_S after the flush); a cancel then ends it."""
+    with `idle_timeout` IDLE_S after the flush: no chunk came later than that); a cancel then ends it."""
     voice = await owned_alone_by(pair, redis_server, OWNER, 2)
     async with await WorkerClient.connect(pair[OWNER].url) as direct:  # the owner loads the voice first
         await direct.say(voice, "Warm up.", options=ContextOptions(max_tokens=15, seed=1))
@@ -107,13 +107,12 @@ async def test_a_relayed_context_is_not_idle_while_its_owner_speaks(pair, redis_
                                     options=ContextOptions(max_tokens=3000, seed=2))
         await stream.flush()
         flushed = time.monotonic()
-        late_chunks = 0
+        late = None
         async for _ in stream.audio():
             if time.monotonic() - flushed > IDLE_S + 1.0:
-                late_chunks += 1
-            if time.monotonic() - flushed > 2 * IDLE_S + 1.0:
+                late = time.monotonic() - flushed
                 break
-        assert late_chunks > 0  # audio kept coming after the idle timeout had passed
+        assert late is not None  # a chunk came after the idle timeout had passed, the context still open
         await stream.cancel()
         async for _ in stream.audio():
             pass
