@@ -26,7 +26,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from gpu_worker.codec import NOISE_PERIOD_LATENT, LATENT_PER_FRAME, to_pcm16
+from gpu_worker.codec import NOISE_PERIOD_LATENT, LATENT_PER_FRAME, ChunkSchedule, to_pcm16
 from gpu_worker.engine import SamplingOptions, SpeechEngine, Voice
 from gpu_worker.errors import (AlignmentUnavailable, BacklogFull, BadRequest, EmptyText, IdleTimeout,
                                PronunciationsUnavailable, SlowConsumer, TextTooLong, WorkerError)
@@ -140,6 +140,9 @@ class Context:
             constraint=o.constraint or d.constraint,
         )
         self.trim = o.trim_silence if o.trim_silence is not None else deps.trim_factory is not None
+        # when each request's first audio is decoded: the caller's choice, else the worker's (the runner's)
+        self.schedule = (ChunkSchedule.first_audio_after(o.first_audio_frames) if o.first_audio_frames is not None
+                         else None)
         self.normalizes = o.normalize is not False  # the text front end reads it (else: as written)
         if start.pronunciations:
             raise BadRequest("'pronunciations' names dictionaries, which only the gateway resolves; "
@@ -357,7 +360,8 @@ class Context:
                         spoken_request, generated, earlier = replace(request, prompt=[*before, *request.prompt]), [], len(before)
                     async with aclosing(speak_request(
                             self.deps.engine, self.deps.runner, self.voice, spoken_request, options, stats,
-                            noise_offset=self._noise_offset, fade_in=i > 0, fade_out=i < len(requests) - 1,
+                            noise_offset=self._noise_offset, schedule=self.schedule,
+                            fade_in=i > 0, fade_out=i < len(requests) - 1,
                             generated=generated, window=earlier)) as audio_out:
                         async for audio in audio_out:
                             if trimmer is not None:

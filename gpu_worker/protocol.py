@@ -39,6 +39,8 @@ MAX_TEXT_CHARS = 4096  # buffered before a flush (one segment)
 MAX_CONTEXT_BACKLOG_CHARS = 16384  # buffered + flushed, not yet being spoken
 DEFAULT_MAX_BUFFER_DELAY_MS = 1000  # chunking "auto": an LLM at 30+ tokens/s ends a 20-word sentence within it
 MAX_BUFFER_DELAY_MS = 5000
+# `options.first_audio_frames`' bound: the first chunk's right context is at most what later chunks carry
+FIRST_AUDIO_FRAMES_MAX: Final = 3
 _SEQ = struct.Struct(">I")
 # Pronunciation dictionaries (gpu_worker.text.dictionary) one context may name: the gateway holds a
 # tenant's `start.pronunciations` (names) to it and resolves them into `options.pronunciations`.
@@ -88,6 +90,10 @@ class ContextOptions:
     # flush and end still work. None: only the caller's flush/end cut (left off the wire)
     chunking: Literal["auto"] | None = None
     max_buffer_delay_ms: int | None = None  # with chunking "auto": [0, 5000], default 1000
+    # frames generated before each segment's first audio, 1 to FIRST_AUDIO_FRAMES_MAX: 1 speaks ~70 ms
+    # sooner, its first frame decoded with no right context. None: the worker's `first_audio_frames`
+    # (left off the wire)
+    first_audio_frames: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +275,7 @@ _STATS_ABSENT: Final[Mapping[str, object]] = {"trace_id": "", "span_id": "", "wi
 # not know), `done.stats`'s trace ids and window counts when there are none.
 _NESTED_ABSENT: Final[Mapping[str, Mapping[str, object]]] = {
     "options": {"normalize": None, "pronunciations": None, "alignment": None, "continuity": None, "chunking": None,
-                "max_buffer_delay_ms": None},
+                "max_buffer_delay_ms": None, "first_audio_frames": None},
     "stats": _STATS_ABSENT}
 
 
@@ -374,6 +380,11 @@ def _validate_options(o: ContextOptions) -> ContextOptions:
                              f"got {_shown(o.max_buffer_delay_ms)}")
         if o.chunking != "auto":
             raise BadRequest("option 'max_buffer_delay_ms' applies to chunking \"auto\" only: set both, or neither")
+    if o.first_audio_frames is not None and (isinstance(o.first_audio_frames, bool)
+                                             or not isinstance(o.first_audio_frames, int)
+                                             or not 1 <= o.first_audio_frames <= FIRST_AUDIO_FRAMES_MAX):
+        raise BadRequest(f"option 'first_audio_frames' must be an integer in [1, {FIRST_AUDIO_FRAMES_MAX}], "
+                         f"got {_shown(o.first_audio_frames)}")
     if o.alignment not in (None, "word"):
         raise BadRequest(f"option 'alignment' must be \"word\" (or left out), got {_shown(o.alignment)}")
     if o.pronunciations is not None:

@@ -37,6 +37,7 @@ import numpy as np
 from gpu_worker.codec import LATENT_PER_FRAME, ChunkSchedule, SnacCodec, Window, decode_window
 from gpu_worker.errors import EngineError
 from gpu_worker.orpheus import SAMPLES_PER_FRAME, Frame
+from gpu_worker.protocol import FIRST_AUDIO_FRAMES_MAX
 
 if TYPE_CHECKING:
     from gpu_worker.metrics import WorkerMetrics
@@ -266,6 +267,14 @@ def planner_window_lengths(schedule: ChunkSchedule | None = None, horizon: int =
     return sorted(lengths)
 
 
+def warm_window_lengths(schedule: ChunkSchedule | None = None) -> list[int]:
+    """Every window length a stream may need: the worker's schedule's and, since a start may choose
+    its own first audio (`options.first_audio_frames`), those of every other choice too."""
+    schedules = [schedule or ChunkSchedule()]
+    schedules += [ChunkSchedule.first_audio_after(n) for n in range(1, FIRST_AUDIO_FRAMES_MAX + 1)]
+    return sorted(set().union(*(planner_window_lengths(s) for s in schedules)))
+
+
 def resolve_policy(policy: CodecPolicy, device: str) -> Literal["batched", "sequential"]:
     if policy == "auto":
         return "batched" if device.startswith("cuda") else "sequential"
@@ -282,6 +291,6 @@ def make_decode_runner(codec: SnacCodec, policy: CodecPolicy = "auto", *, tick_s
     runner = BatchedDecodeRunner(codec, tick_s=tick_s, max_batch=max_batch, metrics=metrics, schedule=schedule)
     on_cuda = codec.device.startswith("cuda")
     if on_cuda:
-        runner.warm_up(planner_window_lengths(runner.schedule),
+        runner.warm_up(warm_window_lengths(runner.schedule),
                        compile_decoder=on_cuda if compile_decoder is None else compile_decoder)
     return runner

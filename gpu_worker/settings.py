@@ -16,7 +16,7 @@ from gpu_worker.adapters.store import DEFAULT_CACHE_MAX_BYTES, DEFAULT_REVALIDAT
 from gpu_worker.engine import EngineSettings, SamplingOptions
 from gpu_worker.prompt_window import WindowLimits
 from gpu_worker.pronunciations import DEFAULT_CAPACITY as DEFAULT_PRONUNCIATION_CACHE
-from gpu_worker.protocol import MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS
+from gpu_worker.protocol import FIRST_AUDIO_FRAMES_MAX, MAX_CONTEXT_BACKLOG_CHARS, MAX_TEXT_CHARS
 from hashring.settings import RingSettings
 
 RELAY_TIMEOUT_S = 20.0  # below every pool's first_audio_timeout_s (30 s): the relaying hop gives up first
@@ -90,10 +90,11 @@ class WorkerSettings(BaseSettings):
     codec_max_batch: int | None = Field(None, ge=1, description="windows per codec call (default: the scheduler's MAX_BATCH)")
     codec_compile: bool | None = Field(None, description="torch.compile the SNAC decoder (default: on CUDA only)")
     first_audio_frames: int | None = Field(
-        None, ge=1, le=3, description="frames generated (7 tokens each) before a stream's first audio is decoded: "
-        "1 speaks one frame (~70 ms on a GPU) sooner, its first 85 ms decoded without right context and so less "
-        "faithful (docs/benchmarks.md); 3 gives it the right context later chunks carry (default: the codec's "
-        "ChunkSchedule)")
+        None, ge=1, le=FIRST_AUDIO_FRAMES_MAX,
+        description="frames generated (7 tokens each) before a stream's first audio is decoded: 1 speaks one "
+        "frame (~70 ms on a GPU) sooner, its first 85 ms decoded without right context and so less faithful "
+        "(docs/benchmarks.md); 3 gives it the right context later chunks carry (default: the codec's ChunkSchedule); "
+        "a start's options.first_audio_frames chooses for its context")
     # sampling defaults (Orpheus reference values, from SamplingOptions)
     temperature: float = _SAMPLING.temperature
     top_p: float = _SAMPLING.top_p

@@ -58,6 +58,23 @@ async def test_a_context_speaks_the_same_audio_as_the_worker(gateway, worker, ne
     assert got["pcm"] == pcm and pcm and got["seqs"] == list(range(len(got["seqs"])))
 
 
+async def test_a_start_s_first_audio_choice_reaches_the_worker(gateway, worker, new_tenant):
+    """`options.first_audio_frames` passes through the gateway: the worker decodes the first frame
+    alone, as it does for the same start sent to it directly, and unlike its default."""
+    _, key = await new_tenant()
+    options = {"seed": 22, "max_tokens": 7 * 6 + 1, "trim_silence": False}
+    async with await open_stream(gateway, key) as ws:
+        await ws.send(json.dumps({"type": "start", "context_id": "a", "voice": "tara", "text": "First audio sooner.",
+                                  "options": {**options, "first_audio_frames": 1}}))
+        await ws.send(json.dumps({"type": "end", "context_id": "a"}))
+        got = (await collect(ws, {"a"}))["a"]
+    async with await WorkerClient.connect(worker.url) as direct:
+        chosen = await direct.say("tara", "First audio sooner.", options=ContextOptions(**options, first_audio_frames=1))
+        default = await direct.say("tara", "First audio sooner.", options=ContextOptions(**options))
+    assert got["end"]["type"] == "done" and got["pcm"] == chosen.pcm
+    assert len(chosen.pcm) == len(default.pcm) and chosen.pcm != default.pcm  # only the first frame differs
+
+
 async def test_word_timings_reach_the_caller_who_asked_and_no_one_else(gateway, worker, new_tenant):
     _, key = await new_tenant()
     timed, plain = [], []
