@@ -24,6 +24,7 @@ pytest_plugins = [
     "tests.fixtures.browser",
     "tests.fixtures.trainer",
     "tests.fixtures.fresh_envs",
+    "tests.fixtures.fleet",
 ]
 
 

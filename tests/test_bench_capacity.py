@@ -21,6 +21,8 @@ from bench.capacity import (
 )
 from bench.playout import chunk_seconds, playout
 
+OWN_WORKERS = 1  # the capacity bench's worker (tests/fixtures/fleet.py)
+
 FRAME = 2048 / 24000
 
 

@@ -48,6 +48,8 @@ import pytest
 
 from tests.fixtures.models import CLUSTER_PREFIX
 
+OWN_WORKERS = 2  # the proxy bench's two workers; the worker and continuity benches' engines (tests/fixtures/fleet.py)
+
 REPO = Path(__file__).resolve().parents[1]
 # bench -> where its smoke is (this module's tests are named test_bench_<name>_runs...)
 SMOKED = {

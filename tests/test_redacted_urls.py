@@ -22,6 +22,8 @@ from hashring.redis_client import redact_url
 from hashring.settings import RetryPolicy, RingSettings
 from hashring.store import RingStore
 
+OWN_WORKERS = 1  # `voicering up --workers 1` (tests/fixtures/fleet.py)
+
 pytestmark = pytest.mark.timeout(180)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,6 +16,8 @@ from tests.fixtures.models import REPO, STAND_IN_CACHE
 from hashring.ports import free_ports
 from tests.gateway.test_up import processes_of
 
+OWN_WORKERS = 2  # the demo's `voicering up` runs two workers (tests/fixtures/fleet.py)
+
 
 def test_the_demo_runs_the_platform_s_day_and_reports_every_line(stand_in, tmp_path):
     out, folder = tmp_path / "out", tmp_path / "demo"

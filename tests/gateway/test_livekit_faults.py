@@ -25,6 +25,8 @@ from hashring.store import RingStore
 from tests.fixtures.models import CLUSTER_PREFIX, cluster_args, start_worker
 from tests.gateway.test_livekit_tts import direct_like_the_plugin
 
+OWN_WORKERS = 1  # a worker in the session ring, killed mid-turn (tests/fixtures/fleet.py)
+
 EXTRA = "worker-lk"
 VOICES = [f"lk/v{i}" for i in range(12)]
 NO_RETRY = APIConnectOptions(max_retry=0, timeout=10)

@@ -27,7 +27,7 @@ import pytest
 
 from gateway.api.cuts import UVICORN_INCOMPLETE
 from tests.fixtures.gateway import start_gateway
-from tests.fixtures.models import start_worker
+from tests.fixtures.fleet import WorkerSpec
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -35,10 +35,14 @@ LONG = {"model": "tts-1", "voice": "tara", "input": "A long line that is cut sho
         "max_tokens": 3000}  # ~36 s of audio: far longer than the test waits
 
 
+DOOMED = WorkerSpec("doomed", ("--max-streams", "4"))
+WORKERS = (DOOMED,)  # started ahead of this module (tests/fixtures/fleet.py)
+
+
 @pytest.fixture
-def doomed(stand_in, adapter_store, redis_server, tmp_path):
+def doomed(fleet, request, adapter_store, redis_server, tmp_path):
     """A worker of its own and a gateway pinned to it (`--worker URL`: no ring)."""
-    worker = start_worker(stand_in, adapter_store, tmp_path / "worker.log", "--max-streams", "4")
+    (worker,) = fleet.take(request, DOOMED)
     gateway = start_gateway(redis_server.url, adapter_store, tmp_path / "gateway", "--worker", worker.url)
     try:
         yield worker, gateway

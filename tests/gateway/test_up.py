@@ -34,6 +34,8 @@ from voicering.stack.settings import UpSettings
 from hashring.embedded import EmbeddedRedis
 from tests.fixtures.models import REPO, STAND_IN_CACHE
 
+OWN_WORKERS = 2  # its stacks' worker, and the one `up` restarts while the dead one is reaped (tests/fixtures/fleet.py)
+
 
 def up_command(folder: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "voicering", "up", "--folder", str(folder), *extra]

@@ -18,7 +18,7 @@ from bench.worker import derive_voice
 from gpu_worker.adapters import publish_adapter
 from gpu_worker.client import WorkerClient, WorkerRequestError
 from gpu_worker.protocol import PROTOCOL_HEADER, ContextOptions
-from tests.fixtures.models import start_worker
+from tests.fixtures.fleet import WorkerSpec
 
 SMALL = {"VOICERING_WORKER_MAX_CPU_LORAS": "2", "VOICERING_WORKER_SEND_QUEUE": "2",
          "VOICERING_WORKER_SLOW_CONSUMER_S": "1", "VOICERING_WORKER_CLOSE_TIMEOUT_S": "1",
@@ -27,10 +27,13 @@ SMALL = {"VOICERING_WORKER_MAX_CPU_LORAS": "2", "VOICERING_WORKER_SEND_QUEUE": "
          "VOICERING_WORKER_SOCKET_SEND_BUFFER": "8192"}
 
 
+SMALL_WORKER = WorkerSpec("small-worker", ("--max-loras", "1", "--max-streams", "2"), SMALL)
+WORKERS = (SMALL_WORKER,)  # started ahead of this module (tests/fixtures/fleet.py)
+
+
 @pytest.fixture(scope="module")
-def small_worker(stand_in, adapter_store, tmp_path_factory):
-    handle = start_worker(stand_in, adapter_store, tmp_path_factory.mktemp("small-worker") / "worker.log",
-                          "--max-loras", "1", "--max-streams", "2", env=SMALL)
+def small_worker(fleet, request):
+    (handle,) = fleet.take(request, SMALL_WORKER)
     yield handle
     handle.stop()
 
@@ -40,8 +43,9 @@ async def test_stream_limit_answers_busy_at_once_then_admits_again(small_worker)
         long = ContextOptions(max_tokens=3000, seed=1)
         first = await client.start("tara", "One.", options=long)
         second = await client.start("tara", "Two.", options=long)  # one LoRA slot: same voice runs together
-        for stream in (first, second):
+        for stream in (first, second):  # both ended before either is awaited: no idle clock runs on one
             await stream.end()
+        for stream in (first, second):
             async for _ in stream.audio():  # both are really running
                 break
         third = await client.start("tara", "Three.", options=ContextOptions(max_tokens=15))

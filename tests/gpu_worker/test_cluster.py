@@ -32,6 +32,8 @@ from hashring.placement import ReplicaControl, place
 from hashring.store import RingStore
 from tests.fixtures.models import CLUSTER_PREFIX, SESSION_RING_ENV, cluster_args, start_worker, stop_workers
 
+OWN_WORKERS = 2  # workers B and C of the session ring (tests/fixtures/fleet.py)
+
 VOICERING = Path(sys.executable).parent / "voicering"
 
 IDS = ("worker-a", "worker-b", "worker-c")

@@ -20,6 +20,8 @@ from hashring.embedded import EmbeddedRedis
 from hashring.membership import LEAVE_TIMEOUT_S
 from tests.fixtures.models import cluster_args, start_worker
 
+OWN_WORKERS = 1  # a worker on a Redis of the test's own (tests/fixtures/fleet.py)
+
 GRACE_S = 90  # the worker's drain grace: the stream below needs a few seconds of it
 
 pytestmark = pytest.mark.timeout(600)

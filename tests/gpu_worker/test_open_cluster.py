@@ -19,6 +19,8 @@ from gpu_worker.open_cluster import MIN_TOKEN_CHARS, OpenCluster, is_loopback, r
 from hashring.ports import free_port
 from gpu_worker.settings import WorkerSettings
 
+OWN_WORKERS = 1  # `voicering worker` runs that refuse to start (tests/fixtures/fleet.py)
+
 GOOD = "k" * MIN_TOKEN_CHARS
 SHORT = "s3cr3t-but-short"[: MIN_TOKEN_CHARS - 1]
 

@@ -17,17 +17,20 @@ import time
 import pytest
 
 from gpu_worker.client import PoolSettings, RingRouter, WorkerClient, WorkerPool, WorkerRequestError
-from tests.fixtures.models import start_worker
+from tests.fixtures.fleet import WorkerSpec
 from tests.gpu_worker.test_pool import fast, ids_with_owners, pcm_bytes, ring_of, silent_server
 
 pytestmark = pytest.mark.timeout(300)
 
 
+SMALL_WORKER = WorkerSpec("small-pool-worker", ("--max-loras", "1", "--max-streams", "2"),
+                          {"VOICERING_WORKER_MAX_STREAMS_PER_CONNECTION": "2"})
+WORKERS = (SMALL_WORKER,)  # started ahead of this module (tests/fixtures/fleet.py)
+
+
 @pytest.fixture(scope="module")
-def small_worker(stand_in, adapter_store, tmp_path_factory):
-    handle = start_worker(stand_in, adapter_store, tmp_path_factory.mktemp("small-pool-worker") / "worker.log",
-                          "--max-loras", "1", "--max-streams", "2",
-                          env={"VOICERING_WORKER_MAX_STREAMS_PER_CONNECTION": "2"})
+def small_worker(fleet, request):
+    (handle,) = fleet.take(request, SMALL_WORKER)
     yield handle
     handle.stop()
 

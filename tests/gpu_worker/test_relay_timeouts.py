@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -43,7 +42,8 @@ from hashring.placement import place
 from hashring.records import WorkerInfo
 from hashring.store import RingStore
 from tests.fixtures.gateway import start_gateway
-from tests.fixtures.models import cluster_args, start_worker, stop_workers
+from tests.fixtures.fleet import WorkerSpec
+from tests.fixtures.models import stop_workers
 from voicering.trace import find_hops
 
 PREFIX = "test:relay"
@@ -53,28 +53,20 @@ IDLE_S = 10.0  # the entry's idle_timeout_s (a 2-core box under other load stall
 CALLER_FIRST_AUDIO_S = 30.0  # the gateway's pool default (PoolSettings.first_audio_timeout_s)
 
 
+SIZE = ("--max-loras", "2", "--max-streams", "8")
+ENTRY_WORKER = WorkerSpec(ENTRY, SIZE, {"VOICERING_WORKER_RING_PREFIX": PREFIX,
+                                         "VOICERING_WORKER_IDLE_TIMEOUT_S": str(IDLE_S)}, ring_id=ENTRY)
+OWNER_WORKER = WorkerSpec(OWNER, SIZE, {"VOICERING_WORKER_RING_PREFIX": PREFIX}, ring_id=OWNER)
+WORKERS = (ENTRY_WORKER, OWNER_WORKER)  # started ahead of this module (tests/fixtures/fleet.py)
+
+
 @pytest.fixture(scope="module")
-def pair(stand_in, adapter_store, redis_server, tmp_path_factory):
+def pair(fleet, request, adapter_store):
     for name in VOICES:
         if not (adapter_store / name).exists():
             publish_adapter(adapter_store / "tara", adapter_store, name)
-    logs = tmp_path_factory.mktemp("relay")
-
-    def start(wid: str, env: dict[str, str]):
-        return start_worker(stand_in, adapter_store, logs / f"{wid}.log", "--max-loras", "2", "--max-streams", "8",
-                            *cluster_args(redis_server.url, wid), env={"VOICERING_WORKER_RING_PREFIX": PREFIX, **env})
-
-    with ThreadPoolExecutor(2) as threads:
-        entry_f = threads.submit(start, ENTRY, {"VOICERING_WORKER_IDLE_TIMEOUT_S": str(IDLE_S)})
-        owner_f = threads.submit(start, OWNER, {})
-        handles = {}
-        try:
-            handles = {ENTRY: entry_f.result(), OWNER: owner_f.result()}
-        finally:
-            if len(handles) < 2:
-                for f in (entry_f, owner_f):
-                    with contextlib.suppress(Exception):
-                        f.result().stop()
+    entry, owner = fleet.take(request, ENTRY_WORKER, OWNER_WORKER)
+    handles = {ENTRY: entry, OWNER: owner}
     yield handles
     stop_workers(*handles.values())
 

@@ -38,7 +38,7 @@ from hashring.records import RingView, WorkerInfo
 from hashring.ring import Node, Ring
 from hashring.settings import RingSettings
 from hashring.store import RingStore
-from tests.fixtures.models import cluster_args, start_worker
+from tests.fixtures.fleet import WorkerSpec
 
 PREFIX = f"test:share-admission:{uuid.uuid4().hex[:6]}"
 WORKER = "adm-w"
@@ -98,10 +98,13 @@ def test_the_share_floor_is_a_ring_setting_from_0_to_1():
 
 # -- on a real ring worker ------------------------------------------------------------------------
 
+RING_WORKER = WorkerSpec("share-worker", ("--max-loras", "2", "--max-streams", "2"), RING_ENV, ring_id=WORKER)
+WORKERS = (RING_WORKER,)  # started ahead of this module (tests/fixtures/fleet.py), in this module's own ring
+
+
 @pytest.fixture(scope="module")
-def ring_worker(stand_in, adapter_store, redis_server, tmp_path_factory):
-    handle = start_worker(stand_in, adapter_store, tmp_path_factory.mktemp("share-worker") / "worker.log",
-                          "--max-loras", "2", "--max-streams", "2", *cluster_args(redis_server.url, WORKER), env=RING_ENV)
+def ring_worker(fleet, request):
+    (handle,) = fleet.take(request, RING_WORKER)
     yield handle
     handle.stop()
 

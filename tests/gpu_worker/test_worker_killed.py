@@ -14,9 +14,12 @@ import time
 import psutil
 import pytest
 
-from tests.fixtures.models import start_worker
+from tests.fixtures.fleet import WorkerSpec
 
 pytestmark = pytest.mark.timeout(600)
+DOOMED = WorkerSpec("doomed", ("--max-loras", "2", "--max-streams", "4"),
+                    {"VOICERING_WORKER_SEPARATE_MODEL_PROCESS": "true"})  # production's three processes
+WORKERS = (DOOMED,)  # started ahead of this module (tests/fixtures/fleet.py)
 
 GONE_WITHIN_S = 10.0  # the worker's reaper acts within milliseconds; this is for a loaded box
 
@@ -28,9 +31,8 @@ def alive(proc: psutil.Process) -> bool:
         return False
 
 
-def test_a_sigkilled_worker_takes_its_engine_processes_with_it(stand_in, adapter_store, tmp_path):
-    handle = start_worker(stand_in, adapter_store, tmp_path / "worker.log", "--max-loras", "2", "--max-streams", "4",
-                          env={"VOICERING_WORKER_SEPARATE_MODEL_PROCESS": "true"})  # production's three processes
+def test_a_sigkilled_worker_takes_its_engine_processes_with_it(fleet, request):
+    (handle,) = fleet.take(request, DOOMED)
     try:
         tree = psutil.Process(handle.proc.pid).children(recursive=True)
         shown = {proc.pid: " ".join(proc.cmdline()) for proc in tree}

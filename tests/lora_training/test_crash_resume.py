@@ -16,6 +16,8 @@ from lora_training.pipeline import JobSpec
 from lora_training.trainer import checkpoint_step, last_checkpoint
 from tests.fixtures.models import REPO
 
+OWN_WORKERS = 1  # a trainer's validation worker, if a job gets that far (tests/fixtures/fleet.py)
+
 LEASE_MS = 2000
 SAMPLE_MAX_TOKENS = 7 * 6 + 1  # the validation sample: 6 frames through the real engine (the default is ~3 s)
 

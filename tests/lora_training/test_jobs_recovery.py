@@ -21,6 +21,8 @@ from lora_training.metrics import TrainerMetrics
 from lora_training.pipeline import JobSpec
 from tests.fixtures.probes import http_get, metric_samples
 
+OWN_WORKERS = 1  # a trainer's validation worker, if a job gets that far (tests/fixtures/fleet.py)
+
 CLAIM_IDLE_MS = 300
 
 

@@ -17,6 +17,8 @@ from lora_training.publish import WORKER_GPU_MEMORY_ENV, LocalWorker
 from lora_training.settings import TrainParams
 from lora_training.trainer import checkpoint_step, last_checkpoint, train_lora, training_arguments
 
+OWN_WORKERS = 1  # a trainer's validation worker (tests/fixtures/fleet.py)
+
 STEPS, WARMUP = 10, 0.3  # ceil(10 * 0.3) = 3 warm-up steps
 
 
