@@ -116,8 +116,10 @@ def refused_port() -> int:
 async def silent_owner(stack: AsyncExitStack) -> tuple[str, asyncio.Event]:
     """A websocket endpoint that completes the handshake, then reads and never answers."""
     shook = asyncio.Event()
+    links: list[asyncio.StreamWriter] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        links.append(writer)
         head = await reader.readuntil(b"\r\n\r\n")
         key = next(line.split(b":", 1)[1].strip() for line in head.split(b"\r\n")
                    if line.lower().startswith(b"sec-websocket-key"))
@@ -132,6 +134,9 @@ async def silent_owner(stack: AsyncExitStack) -> tuple[str, asyncio.Event]:
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     stack.push_async_callback(server.wait_closed)
     stack.callback(server.close)
+    # its links end with it (a closed server keeps them on 3.11): the worker is not left waiting
+    # out its close timeout on them when it stops
+    stack.callback(lambda: [link.close() for link in links])
     return f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}", shook
 
 
