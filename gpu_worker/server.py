@@ -163,7 +163,8 @@ class WorkerServer:
 
     async def serve(self) -> Server:
         return await serve(self.handle, self.settings.host, self.settings.port, process_request=self.routes.process_request,
-                           process_response=self._answer_handshake, max_size=MAX_MESSAGE_BYTES, ping_interval=20, ping_timeout=20,
+                           process_response=self._answer_handshake, max_size=MAX_MESSAGE_BYTES,
+                           ping_interval=self.settings.keepalive_s, ping_timeout=self.settings.keepalive_s,
                            close_timeout=self.settings.close_timeout_s)
 
     def _answer_handshake(self, connection: ServerConnection, request: Request, response: Response) -> Response:

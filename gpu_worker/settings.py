@@ -138,6 +138,8 @@ class WorkerSettings(BaseSettings):
     slow_consumer_s: float = Field(5.0, gt=0, description="longest one message may wait to be queued or written "
                                                            "before the connection is cut as a slow consumer")
     close_timeout_s: float = Field(2.0, gt=0, description="longest a cut connection waits for its close frame")
+    keepalive_s: float = Field(20.0, gt=0, description="websocket keepalive: a ping this often, and a connection "
+                                                       "whose peer answers none within as long again is closed")
     socket_send_buffer: int | None = Field(
         None, ge=4096, description="SO_SNDBUF per connection (default: kernel autotuning, up to tcp_wmem max); "
                                    "smaller detects a stalled client sooner")

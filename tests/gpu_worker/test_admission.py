@@ -24,7 +24,10 @@ SMALL = {"VOICERING_WORKER_MAX_CPU_LORAS": "2", "VOICERING_WORKER_SEND_QUEUE": "
          "VOICERING_WORKER_SLOW_CONSUMER_S": "1", "VOICERING_WORKER_CLOSE_TIMEOUT_S": "1",
          "VOICERING_WORKER_MAX_STREAMS_PER_CONNECTION": "2", "VOICERING_WORKER_IDLE_TIMEOUT_S": "3",
          "VOICERING_WORKER_MAX_CONNECTION_BACKLOG_CHARS": "3000",
-         "VOICERING_WORKER_SOCKET_SEND_BUFFER": "8192"}
+         "VOICERING_WORKER_SOCKET_SEND_BUFFER": "8192",
+         # the keepalive (20 s) must not close the stalled connection first: on a loaded box its first
+         # audio came after 20 s and the ping's 20 s ran out before its socket had filled
+         "VOICERING_WORKER_KEEPALIVE_S": "120"}
 
 
 SMALL_WORKER = WorkerSpec("small-worker", ("--max-loras", "1", "--max-streams", "2"), SMALL)
@@ -80,7 +83,7 @@ async def test_a_consumer_that_stops_reading_is_cut_and_others_keep_going(small_
     async with await WorkerClient.connect(small_worker.url) as client:
         speech = await client.say("leo", "I am listening.", options=ContextOptions(max_tokens=7 * 8 + 1, seed=4))
     assert speech.done.stats.frames == 8
-    # cut by the documented path (a write blocked for slow_consumer_s), not the 40 s keepalive: the
+    # cut by the documented path (a write blocked for slow_consumer_s), not the keepalive (120 s here): the
     # log line and the slow_consumer counts below say which path cut it, not a clock (a loaded box
     # once took past 30 s)
     while (await asyncio.to_thread(small_worker.health))["active_streams"] > 0:
