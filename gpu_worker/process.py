@@ -97,13 +97,12 @@ def launch_worker(args: Sequence[str], log_path: Path, *, env: dict[str, str] | 
     everything else on the machine)."""
     port = free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    niced = ["nice", "-n", str(niceness)] if niceness else []  # `nice` execs the worker: the same pid
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([*niced, sys.executable, "-m", "voicering", "worker", *args, "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "voicering", "worker", *args, "--port", str(port)],
                                 stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
                                 env={"VLLM_CPU_KVCACHE_SPACE": "1", **os.environ, **(env or {})})
     worker = WorkerProcess(f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{port}", proc, log_path)
-    if niceness:
+    if niceness:  # at once: the process has its session (Popen returns after its exec), nothing forked yet
         set_niceness(worker, niceness)
     return worker
 
