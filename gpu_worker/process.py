@@ -91,10 +91,12 @@ def spawn_worker(args: Sequence[str], log_path: Path, *, env: dict[str, str] | N
 
 
 def launch_worker(args: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None,
-                  cwd: Path | None = None, niceness: int = 0) -> WorkerProcess:
+                  cwd: Path | None = None, niceness: int | None = None) -> WorkerProcess:
     """`spawn_worker` without the wait: the process is started and returned at once (``niceness``:
     its CPU priority, inherited by its engine processes; 19 lets a start ahead of need yield to
-    everything else on the machine)."""
+    everything else on the machine; by default the launcher's own: a worker's session is a
+    scheduling group of its own, which would otherwise put a worker that a low-priority process
+    starts, a bench run in the background, back at normal priority)."""
     port = free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
@@ -102,21 +104,23 @@ def launch_worker(args: Sequence[str], log_path: Path, *, env: dict[str, str] | 
                                 stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
                                 env={"VLLM_CPU_KVCACHE_SPACE": "1", **os.environ, **(env or {})})
     worker = WorkerProcess(f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{port}", proc, log_path)
+    if niceness is None:
+        niceness = os.getpriority(os.PRIO_PROCESS, 0)
     if niceness:  # at once: the process has its session (Popen returns after its exec), nothing forked yet
-        set_niceness(worker, niceness)
+        set_niceness(proc.pid, niceness)
     return worker
 
 
-def set_niceness(worker: WorkerProcess, niceness: int) -> None:
-    """The CPU priority of every process and thread of ``worker`` (later ones inherit it). A worker
-    leads a session of its own, and where the kernel groups tasks by session (autogroup, on by
-    default) a niceness counts only inside that session's group: the group's own is set too, or a
-    niced worker would still take an equal share beside everything else. Lowering it back needs
-    CAP_SYS_NICE; without it the worker keeps its priority."""
+def set_niceness(leader: int, niceness: int) -> None:
+    """The CPU priority of every process and thread in the session that ``leader`` leads (a worker,
+    or any process started with a session of its own; later ones inherit it). Where the kernel
+    groups tasks by session (autogroup, on by default) a niceness counts only inside that session's
+    group: the group's own is set too, or a niced process would still take an equal share beside
+    everything else. Lowering it back needs CAP_SYS_NICE; without it the priority stays."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.setpriority(os.PRIO_PGRP, worker.proc.pid, niceness)
+        os.setpriority(os.PRIO_PGRP, leader, niceness)
     with contextlib.suppress(OSError):  # no autogroup (a kernel without it, or the process gone)
-        Path(f"/proc/{worker.proc.pid}/autogroup").write_text(str(niceness))
+        Path(f"/proc/{leader}/autogroup").write_text(str(niceness))
 
 
 def wait_healthy(worker: WorkerProcess, timeout_s: float = 600.0) -> WorkerProcess:

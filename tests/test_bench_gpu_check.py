@@ -5,10 +5,7 @@ reads, and the FP8 projection against bf16."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +13,7 @@ import torch
 from bench.gpu_check import REALTIME_TOKENS_PER_S, TARGETS, _Linear, step_bytes, streams_bound
 from gpu_worker.orpheus import TOKENS_PER_SECOND_REALTIME
 from gpu_worker.stand_in import ORPHEUS_3B
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.fixtures.fleet import Command, Done
 
 
 def test_realtime_rate_is_the_orpheus_one():
@@ -54,14 +50,22 @@ def test_fp8_projection_matches_bf16():
     assert ((approx - exact).norm() / exact.norm()).item() < 0.1  # e4m3 rounding, not a wrong scale
 
 
-def test_gpu_sh_cpu_mode_as_the_gpu_machine_runs_it(tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
-    done = subprocess.run(["bash", "bench/gpu.sh", "--cpu", "--block-imports",
-                           "vllm,pydantic,pydantic_settings,websockets,mmh3"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
-    figures = json.loads(done.stdout)
-    assert json.loads((tmp_path / "gpu-check.json").read_text()) == figures
+# the script as the GPU machine runs it: no vLLM and none of the serving stack importable (started
+# ahead of this test by the suite's fleet, tests/fixtures/fleet.py)
+GPU_SH = Command("gpu.sh", ("bash", "bench/gpu.sh", "--cpu", "--block-imports",
+                            "vllm,pydantic,pydantic_settings,websockets,mmh3"),
+                 timeout_s=400, env={"PYTHON": sys.executable, "OUT": "{out}"})
+
+
+@pytest.mark.ahead(GPU_SH)
+def test_gpu_sh_cpu_mode_as_the_gpu_machine_runs_it(fleet, request):
+    def judged(done: Done) -> dict:
+        assert done.returncode == 0, done.stderr[-3000:]
+        figures = json.loads(done.stdout)
+        assert json.loads((done.out / "gpu-check.json").read_text()) == figures
+        return figures
+
+    figures = fleet.result(request, GPU_SH, judged)
     assert figures["device"] == "cpu" and figures["label"].startswith("CPU")
     for key in ("codec_realtime_streams_batched", "sampler_us_per_step_b256", "decode_step_ms_b256_fp8", "streams_bound"):
         assert key in figures, key

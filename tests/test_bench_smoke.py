@@ -15,7 +15,7 @@ judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
     gateway   here                     `voicering bench gateway --json --quick --worker ...` (a gateway of its own)
     livekit   here                     `voicering bench livekit --json --quick --worker ...`
     pipecat   here                     `voicering bench pipecat --json --quick --worker ...` (a gateway of its own)
-    capacity  tests/test_bench_capacity.py      bench.capacity.run, levels 1 and 4 (a worker of its own)
+    capacity  tests/test_bench_capacity.py      `voicering bench capacity --json --levels 1,4 ...` (a worker of its own)
     fleet     tests/gpu_worker/test_cluster.py  bench.fleet.measure on that module's three workers
     burst     tests/test_bench_burst.py         a small burst on the session worker and gateway
     clone     tests/test_bench_clone.py         `voicering bench clone --json --quick`
@@ -27,28 +27,27 @@ judged (small sizes, a loaded 2-core box). Where each bench's smoke lives:
 The gateway, livekit and pipecat smokes measure the session worker in its ring (`--worker URL
 --redis URL --ring-prefix P`, `bench.workers.RunningRing`) instead of starting one each (~25 s a
 start); the worker `make bench` starts for them is `bench.workers.start_stand_in_worker`, which the
-proxy bench's smoke starts twice. The benches that start workers run one command at a time, so with
-the session worker at most three engines are alive at once here (the proxy bench's two). `--quick` is each
+proxy bench's smoke starts twice. The smokes that need nothing of the session's are marked
+`ahead`: the suite's fleet may start their command in the background, at the lowest priority,
+while earlier modules run, one at a time and within the suite's three workers (its `workers`:
+the proxy bench's two, the worker and continuity benches' engines), and the test judges its output
+(`fleet.result`, tests/fixtures/fleet.py). `--quick` is each
 bench's smoke size: every stage runs, shorter and with fewer warm-ups; the in-process engines
 (worker, continuity) follow VOICERING_WORKER_SEPARATE_MODEL_PROCESS as the workers do (conftest).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.fleet import Command, Done
 from tests.fixtures.models import CLUSTER_PREFIX
-
-OWN_WORKERS = 2  # the proxy bench's two workers; the worker and continuity benches' engines (tests/fixtures/fleet.py)
 
 REPO = Path(__file__).resolve().parents[1]
 # bench -> where its smoke is (this module's tests are named test_bench_<name>_runs...)
@@ -60,24 +59,43 @@ SMOKED = {
 }
 
 
-def bench(name: str, *args: str, timeout_s: float, env: dict[str, str] | None = None) -> dict:
-    """`voicering bench NAME --json ARGS` as `make bench` runs it; its stdout parsed as one JSON object.
-    The bench runs in its own process group, killed whole if it overruns (it may have started workers)."""
-    proc = subprocess.Popen([sys.executable, "-m", "voicering", "bench", name, "--json", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, **(env or {})})
+def command(name: str, *args: str, timeout_s: float, env: dict[str, str] | None = None, workers: int = 0) -> Command:
+    """`voicering bench NAME --json ARGS` as `make bench` runs it (``workers``: those it starts)."""
+    return Command(name, (sys.executable, "-m", "voicering", "bench", name, "--json", *args), timeout_s, env or {},
+                   workers)
+
+
+def bench(fleet, request, run: Command, whole: Callable[[dict], object] = lambda figures: True) -> dict:
+    """``run``'s stdout parsed as one JSON object (the run started ahead of the test if it is marked
+    `ahead`, else now; in its own process group, killed whole if it overruns: it may have started
+    workers). ``whole``: what a run whose clocks did not run out must show (a run started ahead
+    that shows otherwise is run again in the foreground, `Fleet.result`)."""
+    def judged(done: Done) -> dict:
+        figures = figures_of(run, done)
+        assert whole(figures), f"`voicering bench {run.name}` came back incomplete: {json.dumps(figures)[:2000]}"
+        return figures
+
+    return fleet.result(request, run, judged)
+
+
+def figures_of(run: Command, done: Done) -> dict:
+    assert done.returncode == 0, f"`voicering bench {run.name}` exited {done.returncode}; its stderr ends:\n{done.stderr[-3000:]}"
     try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"`voicering bench {name}` ran past {timeout_s:.0f} s; its stderr ends:\n{err[-3000:]}")
-    assert proc.returncode == 0, f"`voicering bench {name}` exited {proc.returncode}; its stderr ends:\n{err[-3000:]}"
-    try:
-        return json.loads(out)
+        return json.loads(done.stdout)
     except ValueError:
-        pytest.fail(f"`voicering bench {name} --json` printed more than one JSON object:\n{out[:2000]}")
+        pytest.fail(f"`voicering bench {run.name} --json` printed more than one JSON object:\n{done.stdout[:2000]}")
+
+
+CODEC = command("codec", "--seconds", "1", timeout_s=170)
+SILENCE = command("silence", "--seconds", "3", timeout_s=170)
+# not docs/: a smoke run must not replace the published plot
+WORKER = command("worker", "--quick", timeout_s=580, env={"VOICERING_BENCH_PLOT": "{out}/worker.png"}, workers=1)
+TRAIN = command("train", "--quick", timeout_s=580)
+PROXY = command("proxy", "--quick", timeout_s=580, workers=2)  # two workers of its own: A relays, B is killed
+ALIGNMENT = command("alignment", "--limit", "8", "--rounds", "1", timeout_s=280)
+CONTINUITY = command("continuity", "--quick", timeout_s=280, workers=1)
+CHUNKING = command("chunking", timeout_s=100)
+TEXT = command("text", "--rounds", "1", timeout_s=280)
 
 
 def session_ring(worker, redis_server) -> list[str]:
@@ -113,10 +131,11 @@ def test_every_make_bench_bench_has_a_smoke_run():
 
 
 @pytest.mark.timeout(180)
-def test_bench_codec_runs():
+@pytest.mark.ahead(CODEC)
+def test_bench_codec_runs(fleet, request):
     from bench.codec import TARGETS
 
-    figures = bench("codec", "--seconds", "1", timeout_s=170)
+    figures = bench(fleet, request, CODEC)
     has_every(figures, *TARGETS, "decode_s_per_audio_s", "reference_decode_s_per_audio_s", "targets_met",
               "first_chunk_snr_db", "first_audio")
     assert set(figures["targets_met"]) == set(TARGETS)
@@ -136,8 +155,9 @@ def test_bench_codec_runs():
 
 
 @pytest.mark.timeout(180)
-def test_bench_silence_runs():
-    figures = bench("silence", "--seconds", "3", timeout_s=170)
+@pytest.mark.ahead(SILENCE)
+def test_bench_silence_runs(fleet, request):
+    figures = bench(fleet, request, SILENCE)
     has_every(figures, "energy_clean_ms_per_audio_s", "vad_clean_lead_error_ms_max", "vad_noise45_lead_error_ms_max",
               "stream_energy_push_us_holding_mean", "stream_vad_release_after_speech_ms_mean",
               "peer_silero_timestamps_lead_error_ms_mean")
@@ -145,20 +165,21 @@ def test_bench_silence_runs():
 
 
 @pytest.mark.timeout(600)
-def test_bench_worker_runs(tmp_path):
+@pytest.mark.ahead(WORKER)
+def test_bench_worker_runs(fleet, request):
     from bench.worker import TARGETS
 
-    plot = tmp_path / "worker.png"  # not docs/: a smoke run must not replace the published plot
-    figures = bench("worker", "--quick", timeout_s=580, env={"VOICERING_BENCH_PLOT": str(plot)})
+    figures, out = fleet.result(request, WORKER, lambda done: (figures_of(WORKER, done), done.out))
     has_every(figures, *TARGETS, "tokens_per_s_per_stream", "ttfb_ms_p50", "sampler_ms_per_step", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["rounds"] == 1
     assert figures["invalid_tokens"] == 0 and figures["voices_served"] == TARGETS["voices_served"][1]
-    assert figures["plot"] == str(plot)
+    assert figures["plot"] == str(out / "worker.png")
 
 
 @pytest.mark.timeout(600)
-def test_bench_train_runs():
-    figures = bench("train", "--quick", timeout_s=580)
+@pytest.mark.ahead(TRAIN)
+def test_bench_train_runs(fleet, request):
+    figures = bench(fleet, request, TRAIN)
     has_every(figures, "preprocess_s_per_audio_min", "encode_x_realtime", "train_steps_per_s",
               "head_silence_after_ms_p90", "head_silence_after_vad_ms_p90", "targets_met")
     assert figures["uploads"] == 20 and figures["clips"] > 0 and figures["train_steps"] == 3
@@ -167,20 +188,21 @@ def test_bench_train_runs():
 
 
 @pytest.mark.timeout(600)
-def test_bench_proxy_runs():
+@pytest.mark.ahead(PROXY)
+def test_bench_proxy_runs(fleet, request):
     from bench.proxy import TARGETS
 
-    figures = bench("proxy", "--quick", timeout_s=580)  # two workers of its own: A relays, B is killed
+    figures = bench(fleet, request, PROXY, lambda f: f.get("served_as_expected") and f.get("failover_s") is not None)
     has_every(figures, *TARGETS, "relay_added_ms_p50", "failover_s", "endings", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["rounds"] == 1
     assert figures["served_as_expected"] and figures["failover_s"] is not None
 
 
 @pytest.mark.timeout(600)
-def test_bench_gateway_runs(worker, redis_server):
+def test_bench_gateway_runs(worker, redis_server, fleet, request):
     from bench.gateway import TARGETS
 
-    figures = bench("gateway", "--quick", *session_ring(worker, redis_server), timeout_s=580)
+    figures = bench(fleet, request, command("gateway", "--quick", *session_ring(worker, redis_server), timeout_s=580))
     assert figures["config"]["worker"].startswith(f"the running worker at {worker.url}")  # none of its own
     has_every(figures, *TARGETS, "direct_ttfb_ms_p50", "ws_added_ms_p50", "auth_us_p50", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["rounds"] == 1
@@ -188,10 +210,10 @@ def test_bench_gateway_runs(worker, redis_server):
 
 
 @pytest.mark.timeout(600)
-def test_bench_livekit_runs(worker, redis_server):
+def test_bench_livekit_runs(worker, redis_server, fleet, request):
     from bench.livekit import TARGETS
 
-    figures = bench("livekit", "--quick", *session_ring(worker, redis_server), timeout_s=580)
+    figures = bench(fleet, request, command("livekit", "--quick", *session_ring(worker, redis_server), timeout_s=580))
     assert figures["config"]["worker"].startswith(f"the running worker at {worker.url}")  # none of its own
     has_every(figures, *TARGETS, "plugin_ttfb_ms_p50", "direct_ttfb_ms_p50", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS)
@@ -199,10 +221,10 @@ def test_bench_livekit_runs(worker, redis_server):
 
 
 @pytest.mark.timeout(600)
-def test_bench_pipecat_runs(worker, redis_server):
+def test_bench_pipecat_runs(worker, redis_server, fleet, request):
     from bench.pipecat import TARGETS
 
-    figures = bench("pipecat", "--quick", *session_ring(worker, redis_server), timeout_s=580)
+    figures = bench(fleet, request, command("pipecat", "--quick", *session_ring(worker, redis_server), timeout_s=580))
     assert figures["config"]["worker"].startswith(f"the running worker at {worker.url}")  # none of its own
     has_every(figures, *TARGETS, "service_ttfb_ms_p50", "raw_ttfb_ms_p50", "paired_ttfb_diff_ms_p50", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS)
@@ -210,10 +232,11 @@ def test_bench_pipecat_runs(worker, redis_server):
 
 
 @pytest.mark.timeout(300)
-def test_bench_alignment_runs():
+@pytest.mark.ahead(ALIGNMENT)
+def test_bench_alignment_runs(fleet, request):
     from bench.alignment import TARGETS
 
-    figures = bench("alignment", "--limit", "8", "--rounds", "1", timeout_s=280)
+    figures = bench(fleet, request, ALIGNMENT)
     has_every(figures, *TARGETS, "peer_word_start_error_ms_p50", "lag_behind_audio_ms_p50", "cpu_s_per_audio_s",
               "by_condition", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["cases"] == 8
@@ -221,10 +244,11 @@ def test_bench_alignment_runs():
 
 
 @pytest.mark.timeout(300)
-def test_bench_continuity_runs():
+@pytest.mark.ahead(CONTINUITY)
+def test_bench_continuity_runs(fleet, request):
     from bench.continuity import TARGETS
 
-    figures = bench("continuity", "--quick", timeout_s=280)
+    figures = bench(fleet, request, CONTINUITY)
     has_every(figures, *TARGETS, "window_ttfb_added_limit_ms", "window_tokens_p50", "kv_block_size", "targets_met")
     assert set(figures["targets_met"]) == set(TARGETS) and figures["config"]["segments_paired"] == 2
     # the window is really there and really repeats what was generated, and the cache serves some of it
@@ -233,18 +257,20 @@ def test_bench_continuity_runs():
 
 
 @pytest.mark.timeout(120)
-def test_bench_chunking_runs():
-    figures = bench("chunking", timeout_s=100)
+@pytest.mark.ahead(CHUNKING)
+def test_bench_chunking_runs(fleet, request):
+    figures = bench(fleet, request, CHUNKING)
     has_every(figures, "worker_wrong_cuts", "plugin_wrong_cuts", "worker", "plugin", "targets_met")
     assert figures["config"]["sentences"] == 30 and figures["worker"]["ends_cut_share"] > 0.5
     assert figures["worker_wrong_cuts"] == 0  # a cut inside a sentence would be a regression of the rule
 
 
 @pytest.mark.timeout(300)
-def test_bench_text_runs():
+@pytest.mark.ahead(TEXT)
+def test_bench_text_runs(fleet, request):
     from bench.text import TARGETS
 
-    figures = bench("text", "--rounds", "1", timeout_s=280)
+    figures = bench(fleet, request, TEXT)
     has_every(figures, *TARGETS, "per_category", "serving_ms_p50", "peers", "targets_met", "stream_equals_whole")
     assert set(figures["targets_met"]) == set(TARGETS) and figures["cases"] >= 300
     assert not figures["categories_missing"] and figures["stream_equals_whole"]

@@ -1,53 +1,88 @@
-"""The rule by which the suite starts a module's workers ahead of it (tests/fixtures/fleet.py): never
-more than three workers alive, the session worker's slot always kept."""
+"""The rule by which the suite starts a module's workers and commands ahead of it
+(tests/fixtures/fleet.py): never more than three workers alive, the session worker's slot always
+kept, one command in the background at a time."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.fixtures.fleet import MAX_WORKERS, ModulePlan, WorkerSpec, ahead_of_need
+from tests.fixtures.fleet import MAX_WORKERS, Ahead, Command, ModulePlan, WorkerSpec, ahead_of_need
 
 SMALL = WorkerSpec("small")
 ENTRY, OWNER = WorkerSpec("entry"), WorkerSpec("owner")
+CODEC = Command("codec", ("true",), timeout_s=10)
+PROXY = Command("proxy", ("true",), timeout_s=10, workers=2)
+ENGINE = Command("engine", ("true",), timeout_s=10, workers=1)
 
 
-def plans(*rows: tuple[str, tuple[WorkerSpec, ...], int]) -> list[ModulePlan]:
-    return [ModulePlan(path, specs, own) for path, specs, own in rows]
+def plans(*rows: tuple) -> list[ModulePlan]:
+    return [ModulePlan(*row) for row in rows]
 
 
 def nobody() -> int:
     return 0
 
 
+def names(picks) -> list[tuple[str, str]]:
+    return [(module, item.name) for module, item in picks]
+
+
 def test_the_next_module_s_workers_start_while_the_modules_before_it_have_room():
     modules = plans(("a", (), 0), ("b", (), 1), ("c", (ENTRY, OWNER), 0))
-    assert ahead_of_need(modules, 0, set(), [], nobody) == ("c", [ENTRY])  # b's own worker: one slot left
-    assert ahead_of_need(modules, 1, set(), [], nobody) == ("c", [ENTRY])
+    assert names(ahead_of_need(modules, 0, Ahead(), nobody)) == [("c", "entry")]  # b's own: one slot left
+    assert names(ahead_of_need(modules, 1, Ahead(), nobody)) == [("c", "entry")]
     modules = plans(("a", (), 0), ("c", (ENTRY, OWNER), 0))
-    assert ahead_of_need(modules, 0, set(), [], nobody) == ("c", [ENTRY, OWNER])
+    assert names(ahead_of_need(modules, 0, Ahead(), nobody)) == [("c", "entry"), ("c", "owner")]
 
 
 def test_a_module_at_the_limit_on_the_way_gets_nothing_started_beside_it():
     modules = plans(("a", (), 0), ("demo", (), 2), ("c", (SMALL,), 0))
-    assert ahead_of_need(modules, 0, set(), [], nobody) == ("c", [])  # it would live through demo's two
-    assert ahead_of_need(modules, 1, set(), [], nobody) == ("c", [])
+    assert ahead_of_need(modules, 0, Ahead(), nobody) == []  # it would live through demo's two
+    assert ahead_of_need(modules, 1, Ahead(), nobody) == []
     modules = plans(("b", (SMALL,), 0), ("c", (SMALL,), 0))
-    assert ahead_of_need(modules, 0, set(), [], nobody) == ("c", [SMALL])  # b's one and c's one
+    assert names(ahead_of_need(modules, 0, Ahead(), nobody)) == [("c", "small")]  # b's one and c's one
 
 
-def test_what_was_started_ahead_counts_and_one_module_is_looked_ahead_at_a_time():
+def test_what_was_started_ahead_holds_its_slots_until_its_module_and_nearer_modules_come_first():
     modules = plans(("a", (), 0), ("c", (ENTRY, OWNER), 0), ("d", (SMALL,), 0))
     started = {("c", "entry")}
-    assert ahead_of_need(modules, 0, started, ["c"], nobody) == ("c", [OWNER])
-    assert ahead_of_need(modules, 0, started, ["c", "x"], nobody) == ("c", [])  # another one started ahead
-    assert ahead_of_need(modules, 0, started | {("c", "owner")}, ["c", "c"], nobody) == ("c", [])  # not d's yet
+    assert names(ahead_of_need(modules, 0, Ahead(started=started, held=[("c", 1)]), nobody)) == [("c", "owner")]
+    # a worker started for a module already past (deselected) still holds its slot everywhere
+    assert ahead_of_need(modules, 1, Ahead(started=started, held=[("a", 1), ("c", 1)]), nobody) == []
+    # c's two and the session worker fill the room until c is over
+    both = started | {("c", "owner")}
+    assert ahead_of_need(modules, 0, Ahead(started=both, held=[("c", 1), ("c", 1)]), nobody) == []
+    assert ahead_of_need(modules, 1, Ahead(started=both), nobody) == []
+    # with one of c's, d's fits beside it: at c, c's held worker is c's own peak, not counted twice
+    modules = plans(("a", (), 0), ("c", (ENTRY,), 0), ("d", (SMALL,), 0))
+    assert names(ahead_of_need(modules, 0, Ahead(started=started, held=[("c", 1)]), nobody)) == [("d", "small")]
+
+
+def test_a_command_holds_its_workers_slots_and_one_runs_ahead_at_a_time():
+    modules = plans(("a", (), 0), ("b", (), 1), ("c", (), 0, (CODEC, PROXY, ENGINE)))
+    assert names(ahead_of_need(modules, 0, Ahead(), nobody)) == [("c", "codec")]  # needs no slot; then one at a time
+    codec = ("c", "codec")
+    assert ahead_of_need(modules, 0, Ahead(started={codec}, held=[("c", 0)], running=True), nobody) == []
+    # the codec run ended: the proxy's two workers would not fit beside b's own; the engine's one does
+    done = Ahead(started={codec}, finished={codec})
+    assert names(ahead_of_need(modules, 0, done, nobody)) == [("c", "engine")]
+    assert ahead_of_need(modules, 0, done, lambda: MAX_WORKERS) == []  # the machine has no slot left
+
+
+def test_a_module_s_commands_count_in_its_peak_until_they_ended_ahead():
+    c = ModulePlan("c", (), 0, (CODEC, PROXY))
+    assert c.peak() == 2 and c.peak({("c", "proxy")}) == 0
+    modules = [ModulePlan("a", (), 0), c, ModulePlan("d", (SMALL,), 0)]
+    assert ahead_of_need(modules, 0, Ahead(started={("c", "codec"), ("c", "proxy")}), nobody) == []
+    ended = Ahead(started={("c", "codec"), ("c", "proxy")}, finished={("c", "codec"), ("c", "proxy")})
+    assert names(ahead_of_need(modules, 0, ended, nobody)) == [("d", "small")]
 
 
 def test_the_machine_s_live_workers_are_a_bound_too():
     modules = plans(("a", (), 0), ("c", (ENTRY, OWNER), 0))
-    assert ahead_of_need(modules, 0, set(), [], lambda: 2) == ("c", [ENTRY])
-    assert ahead_of_need(modules, 0, set(), [], lambda: MAX_WORKERS) == ("c", [])
-    assert ahead_of_need(plans(("a", (), 0)), 0, set(), [], nobody) == ("", [])  # no module ahead needs any
+    assert names(ahead_of_need(modules, 0, Ahead(), lambda: 2)) == [("c", "entry")]
+    assert ahead_of_need(modules, 0, Ahead(), lambda: MAX_WORKERS) == []
+    assert ahead_of_need(plans(("a", (), 0)), 0, Ahead(), nobody) == []  # no module ahead needs any
 
 
 def test_a_spec_never_joins_the_session_ring():

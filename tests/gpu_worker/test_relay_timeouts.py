@@ -90,7 +90,9 @@ async def owned_alone_by(pair, redis_server, wid: str, members: int) -> str:
 async def test_a_relayed_context_is_not_idle_while_its_owner_speaks(pair, redis_server):
     """Text flushed, no `end` (a caller streaming text as an LLM writes it), and the owner speaking
     a long segment: the entry keeps relaying past its idle timeout (it used to end the context
-    with `idle_timeout` IDLE_S after the flush: no chunk came later than that); a cancel then ends it."""
+    with `idle_timeout` IDLE_S after the flush: no chunk came later than that); a cancel then ends it.
+    Until the owner's first audio the caller sends empty flushes (text, to the idle clock): a first
+    audio slower than IDLE_S on a loaded box is idleness too, and not the one under test."""
     voice = await owned_alone_by(pair, redis_server, OWNER, 2)
     async with await WorkerClient.connect(pair[OWNER].url) as direct:  # the owner loads the voice first
         await direct.say(voice, "Warm up.", options=ContextOptions(max_tokens=15, seed=1))
@@ -98,12 +100,29 @@ async def test_a_relayed_context_is_not_idle_while_its_owner_speaks(pair, redis_
         stream = await client.start(voice, "A long one, spoken while no more text comes.",
                                     options=ContextOptions(max_tokens=3000, seed=2))
         await stream.flush()
-        flushed = time.monotonic()
+        said = time.monotonic()  # when the entry last got text from the caller
+        speaking = asyncio.Event()
+
+        async def until_it_speaks() -> None:
+            nonlocal said
+            while not speaking.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(speaking.wait(), IDLE_S / 4)
+                if not speaking.is_set():
+                    await stream.flush()
+                    said = time.monotonic()
+
+        keeping = asyncio.create_task(until_it_speaks())
         late = None
-        async for _ in stream.audio():
-            if time.monotonic() - flushed > IDLE_S + 1.0:
-                late = time.monotonic() - flushed
-                break
+        try:
+            async for _ in stream.audio():
+                speaking.set()
+                if time.monotonic() - said > IDLE_S + 1.0:
+                    late = time.monotonic() - said
+                    break
+        finally:
+            speaking.set()
+            await keeping
         assert late is not None  # a chunk came after the idle timeout had passed, the context still open
         await stream.cancel()
         async for _ in stream.audio():
