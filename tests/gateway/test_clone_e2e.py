@@ -32,7 +32,7 @@ from gpu_worker.client import WorkerClient
 from gpu_worker.protocol import ContextOptions
 from gateway.cloning.consent import PHRASE_WORDS
 from lora_training.consent import CONSENT_SENTENCE
-from lora_training.espeak import synthesize
+from lora_training.espeak import LIST_WORD_GAP_MS, synthesize
 from lora_training.asr import BUNDLED_SHA256
 from lora_training.jobs import JobQueue
 from lora_training.quality.speaker import WEIGHTS_SHA256
@@ -103,7 +103,7 @@ def _spoken_consent(api, name: str, voice: str, folder) -> tuple[str, tuple]:
     phrase = api.post("/v1/voices/consent", json={"name": name})
     assert phrase.status_code == 200, phrase.text
     body = phrase.json()
-    audio = synthesize(body["text_to_read"], voice, folder / f"consent-{name}.wav").read_bytes()
+    audio = synthesize(body["text_to_read"], voice, folder / f"consent-{name}.wav", word_gap_ms=LIST_WORD_GAP_MS).read_bytes()
     return body["consent_id"], ("consent_audio", ("consent.wav", audio, "audio/wav"))
 
 

@@ -20,6 +20,7 @@ import pytest
 import soundfile as sf
 
 from gateway.cloning.consent import text_to_read
+from lora_training.espeak import LIST_WORD_GAP_MS
 from tests.fixtures.speech import CREATOR_VOICE, SAMPLE_RATE, synthesize
 
 
@@ -270,7 +271,7 @@ async def test_a_spoken_consent_tenant_clones_from_the_page_with_a_recording_fil
         phrase = text.rsplit("My words are: ", 1)[1].rstrip(".").replace(",", "")
         assert text_to_read(phrase) == text
 
-        reading = synthesize(text, CREATOR_VOICE, tmp_path / "my-consent.wav")  # the creator's own voice
+        reading = synthesize(text, CREATOR_VOICE, tmp_path / "my-consent.wav", word_gap_ms=LIST_WORD_GAP_MS)  # the creator's own voice
         seconds = sf.info(str(reading)).duration
         await page.set_files("#consent-file", [reading])
         chosen = await page.wait_for("(e => e.dataset.state === 'chosen' && e.textContent)"

@@ -233,7 +233,7 @@ async def _consent(api: httpx.AsyncClient, folder: Path, files: list) -> dict:
     """The upload's consent: a tenant of the spoken policy (the default) reads a one-time phrase, here
     espeak-ng in the takes' voice, sent as consent_audio; a tenant of the statement policy (one made
     before policies existed) sends the typed text."""
-    from lora_training.espeak import synthesize
+    from lora_training.espeak import LIST_WORD_GAP_MS, synthesize
 
     asked = await api.post("/v1/voices/consent", json={"name": VOICE})
     if asked.status_code == 400 and asked.json().get("error", {}).get("code") == "consent_policy":
@@ -242,7 +242,7 @@ async def _consent(api: httpx.AsyncClient, folder: Path, files: list) -> dict:
     if asked.status_code != 200:
         raise DemoFailed(f"POST /v1/voices/consent answered {asked.status_code}: {asked.text}")
     phrase = asked.json()
-    recording = synthesize(phrase["text_to_read"], "en-us", folder / "consent.wav")
+    recording = synthesize(phrase["text_to_read"], "en-us", folder / "consent.wav", word_gap_ms=LIST_WORD_GAP_MS)
     files.append(("consent_audio", (recording.name, recording.read_bytes(), "audio/wav")))
     note(f"consent: phrase {phrase['phrase']!r} read aloud, uploaded as consent_audio")
     return {"consent_id": phrase["consent_id"]}
