@@ -167,8 +167,8 @@ async def _day(settings: UpSettings, state: UpState, key: dict, out_dir: Path) -
     via_other = openai.AsyncOpenAI(base_url=f"{pinned.spec.health_url.rsplit('/', 1)[0]}/v1", api_key=api_key,
                                    max_retries=0)
     await _settled(state, epoch)
-    lines = [await _speak(platform, "owner", "gateway -> ring owner", out_dir, cap),
-             await _speak(via_other, "proxied", f"gateway pinned to {other}", out_dir, cap)]
+    lines = [await speak_line(platform, "owner", "gateway -> ring owner", out_dir, cap),
+             await speak_line(via_other, "proxied", f"gateway pinned to {other}", out_dir, cap)]
     for line in lines:
         note(f"{line.what}: served by {line.served_by}{' (proxied)' if line.proxied else ''}, "
              f"TTFB {line.ttfb_ms:.0f} ms")
@@ -182,8 +182,8 @@ async def _day(settings: UpSettings, state: UpState, key: dict, out_dir: Path) -
         raise DemoFailed(f"ring scale failed: {scaled.stderr or scaled.stdout}")
     note(scaled.stdout.strip())
     await _settled(state, await _wait_owners(state, voice_id, 2))
-    lines += [await _speak(platform, "replica-a", "gateway -> ring owner", out_dir, cap),
-              await _speak(via_other, "replica-b", f"gateway pinned to {other}", out_dir, cap)]
+    lines += [await speak_line(platform, "replica-a", "gateway -> ring owner", out_dir, cap),
+              await speak_line(via_other, "replica-b", f"gateway pinned to {other}", out_dir, cap)]
     for line in lines[-2:]:
         note(f"{line.what}: served by {line.served_by}{' (proxied)' if line.proxied else ' (its own replica)'}")
     # the pinned gateway's worker is an owner now: it serves the voice itself; the platform gateway's pool
@@ -319,24 +319,36 @@ async def _pinned_gateway(settings: UpSettings, state: UpState, worker_id: str) 
     return child
 
 
-async def _speak(client, what: str, path: str, out_dir: Path, max_tokens: int | None) -> Line:
+async def speak_line(client, what: str, path: str, out_dir: Path, max_tokens: int | None) -> Line:
+    """One line through the openai client (SSE). A line cut mid-speech (an `error` event where
+    `speech.audio.done` was due: a worker stalled past the fleet's clocks, on a starved machine) is
+    said again once, as a client should, and the retry is reported; cut twice, the demo fails."""
     from gpu_worker.wav import write_wav
 
-    began = time.perf_counter()
-    pcm, first, done = bytearray(), None, {}
-    async with client.audio.speech.with_streaming_response.create(
-            model="tts-1", voice=VOICE, input=LINES[what], response_format="pcm",
-            extra_body={"stream_format": "sse", "seed": 7, **({"max_tokens": max_tokens} if max_tokens else {})}
-    ) as response:
-        async for raw in response.iter_lines():
-            if not raw.startswith("data: "):
-                continue
-            event = json.loads(raw[len("data: "):])
-            if event["type"] == "speech.audio.delta":
-                first = first or time.perf_counter()
-                pcm += base64.b64decode(event["audio"])
-            elif event["type"] == "speech.audio.done":
-                done = event
+    for attempt in (1, 2):
+        began = time.perf_counter()
+        pcm, first, done, cut = bytearray(), None, {}, None
+        async with client.audio.speech.with_streaming_response.create(
+                model="tts-1", voice=VOICE, input=LINES[what], response_format="pcm",
+                extra_body={"stream_format": "sse", "seed": 7, **({"max_tokens": max_tokens} if max_tokens else {})}
+        ) as response:
+            async for raw in response.iter_lines():
+                if not raw.startswith("data: "):
+                    continue
+                event = json.loads(raw[len("data: "):])
+                if event["type"] == "speech.audio.delta":
+                    first = first or time.perf_counter()
+                    pcm += base64.b64decode(event["audio"])
+                elif event["type"] == "speech.audio.done":
+                    done = event
+                elif event["type"] == "error":
+                    cut = event.get("error", {})
+        if cut is None:
+            break
+        why = f"{cut.get('code')}: {cut.get('message')}"
+        if attempt == 2:
+            raise DemoFailed(f"the {what!r} line was cut mid-speech twice: {why}")
+        note(f"{what}: cut mid-speech after {len(pcm) / (2 * SAMPLE_RATE):.1f} s of audio ({why}); said again")
     wall = time.perf_counter() - began
     wav = out_dir / f"demo-{what}.wav"
     write_wav(wav, bytes(pcm))
