@@ -411,13 +411,20 @@ async def test_zzz_sigterm_drains_streams_finish_and_the_worker_leaves_the_ring(
     voice = owned_by(ring, "worker-c")
     c = cluster["worker-c"]
     async with await WorkerClient.connect(c.url) as client:
+        # no `end` until the late start: the context stays open however fast the box speaks it (ended
+        # at once, it finished within the 1.5 s this test used to sleep on an idle box, the drain
+        # then closed the connection, and the late start found it gone)
         stream = await client.start(voice, "Let me finish.", options=ContextOptions(max_tokens=7 * 30 + 1, seed=4))
-        await stream.end()
+        await stream.flush()
         async for _ in stream.audio():
             break
         c.proc.send_signal(signal.SIGTERM)
-        await asyncio.sleep(1.5)
+        deadline = time.monotonic() + 60
+        while (await asyncio.to_thread(c.health))["ring_workers"] != len(IDS) - 1:  # out of its own view: draining
+            assert time.monotonic() < deadline, "worker-c never took itself out of its ring view"
+            await asyncio.sleep(0.1)
         late = await client.say(voice, "New start while draining.", options=FAST)  # relayed to another owner
+        await stream.end()
         pcm = b"".join([chunk async for chunk in stream.audio()])
         assert stream.done.reason == "completed" and stream.done.stats.frames == 30 and pcm
     assert late.done.stats.served_by != "worker-c"
