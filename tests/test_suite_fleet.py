@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fixtures.fleet import MAX_WORKERS, Ahead, Command, ModulePlan, WorkerSpec, ahead_of_need
+import re
+from pathlib import Path
+
+from hashring.ports import ephemeral_range
+from tests.fixtures.fleet import MAX_WORKERS, Ahead, Command, ModulePlan, WorkerSpec, _filled, ahead_of_need, running_order
 
 SMALL = WorkerSpec("small")
 ENTRY, OWNER = WorkerSpec("entry"), WorkerSpec("owner")
@@ -89,3 +93,36 @@ def test_a_spec_never_joins_the_session_ring():
     with pytest.raises(ValueError, match="ring"):
         WorkerSpec("b", ring_id="b")
     assert WorkerSpec("b", env={"VOICERING_WORKER_RING_PREFIX": "test:own"}, ring_id="b").ring_id == "b"
+
+
+def test_a_module_whose_workers_all_come_from_its_commands_runs_after_the_stretch_that_has_room():
+    demo = ModulePlan("demo", (), 0, (Command("demo", ("true",), timeout_s=10, workers=2),))
+    spec = ModulePlan("spec", (SMALL,), 0)
+    modules = [ModulePlan("a", (), 0), demo, ModulePlan("b", (), 0), spec, ModulePlan("c", (), 0)]
+    assert [m.path for m in running_order(modules)] == ["a", "b", "demo", "spec", "c"]
+    # a module with commands of its own stops it (one command at a time: its own starts ahead there)
+    bench = ModulePlan("bench", (), 0, (CODEC,))
+    assert [m.path for m in running_order([demo, ModulePlan("b", (), 0), bench, ModulePlan("c", (), 0)])] == [
+        "b", "demo", "bench", "c"]
+    # nothing moves a module that starts workers in the foreground, or whose commands need none
+    fixed = [ModulePlan("own", (), 1, (PROXY,)), ModulePlan("spec", (SMALL,), 0, (PROXY,)),
+             ModulePlan("codec", (), 0, (CODEC,)), ModulePlan("b", (), 0)]
+    assert running_order(fixed) == fixed
+
+
+def test_a_module_with_foreground_workers_on_the_way_moves_to_the_stretch_s_start():
+    demo = ModulePlan("demo", (), 0, (Command("demo", ("true",), timeout_s=10, workers=2),))
+    modules = [ModulePlan("up", (), 2), ModulePlan("a", (), 0), demo, ModulePlan("b", (), 0),
+               ModulePlan("faults", (), 1), ModulePlan("c", (), 0), ModulePlan("spec", (SMALL,), 0)]
+    # the stretch begins after "up" (no room beside its two): "faults" runs there, the demo runs
+    # ahead from its end until "spec", which needs a slot of its own too
+    assert [m.path for m in running_order(modules)] == ["up", "faults", "a", "b", "c", "demo", "spec"]
+
+
+def test_a_command_s_out_and_ports_are_filled_as_its_run_starts():
+    out = Path("/tmp/run")
+    assert _filled("--folder={out}/demo", out) == "--folder=/tmp/run/demo"
+    first, second = (int(_filled("{ports:2}", out)) for _ in range(2))
+    low, high = ephemeral_range()
+    assert all(port + 1 < low or port > high for port in (first, second))  # both ports outside the kernel's range
+    assert re.fullmatch(r"\d+:\d+", _filled("{ports:1}:{ports:1}", out))

@@ -1,32 +1,38 @@
 """`voicering demo` (what `make demo` runs) end to end, as a real process: `voicering up` with two
 workers, the gateway and a trainer; a clone from uploaded espeak-ng speech; the openai client
 through the owner and through the other worker (proxied); the LiveKit plugin; two replicas; stop.
-About three and a half minutes on two cores; two workers beside the session worker."""
+About 80 s on two cores, two workers beside the session worker: the fleet starts it ahead, in the
+CPU the modules before it leave idle, and this test judges its run (tests/fixtures/fleet.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import wave
 
+import pytest
+
 from lora_training.asr import BUNDLED_SHA256
-from tests.fixtures.models import REPO, STAND_IN_CACHE
-from hashring.ports import free_ports
+from tests.fixtures.fleet import Command, Done
+from tests.fixtures.models import STAND_IN_CACHE
 from tests.gateway.test_up import processes_of
 
-OWN_WORKERS = 2  # the demo's `voicering up` runs two workers (tests/fixtures/fleet.py)
+# `voicering demo` as `make demo` runs it, on free ports; its `voicering up` runs two workers
+DEMO = Command("demo", (sys.executable, "-m", "voicering", "demo", "--out", "{out}/out", "--folder", "{out}/demo",
+                        "--gateway-port", "{ports:2}", "--worker-port", "{ports:2}"),
+               timeout_s=900, env={"VOICERING_UP_STAND_IN_CACHE": str(STAND_IN_CACHE)}, workers=2)
 
 
-def test_the_demo_runs_the_platform_s_day_and_reports_every_line(stand_in, tmp_path):
-    out, folder = tmp_path / "out", tmp_path / "demo"
-    done = subprocess.run(
-        [sys.executable, "-m", "voicering", "demo", "--out", str(out), "--folder", str(folder),
-         "--gateway-port", str(free_ports(2)), "--worker-port", str(free_ports(2))],
-        capture_output=True, text=True, cwd=REPO, timeout=900,
-        env={**os.environ, "VOICERING_UP_STAND_IN_CACHE": str(STAND_IN_CACHE)})
-    assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-3000:]}\n{(out / 'demo-up.log').read_text()[-3000:]}"
+@pytest.mark.ahead(DEMO)
+def test_the_demo_runs_the_platform_s_day_and_reports_every_line(fleet, request):
+    fleet.result(request, DEMO, reports_every_line)
+
+
+def reports_every_line(done: Done) -> None:
+    out, folder = done.out / "out", done.out / "demo"
+    up_log = out / "demo-up.log"
+    assert done.returncode == 0, (f"{done.stdout[-4000:]}\n{done.stderr[-3000:]}\n"
+                                  f"{up_log.read_text()[-3000:] if up_log.exists() else ''}")
     report = json.loads((out / "demo-report.json").read_text())
     lines = {x["line"]: x for x in report["lines"]}
     assert list(lines) == ["owner", "proxied", "livekit", "replica-a", "replica-b"]
