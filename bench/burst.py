@@ -63,6 +63,7 @@ from pathlib import Path
 from bench.fleet import rejected_counts
 from bench.gateway import server_timing
 from bench.proxy import get_text
+from gpu_worker.process import keep_niceness
 from hashring.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
@@ -712,6 +713,7 @@ def start_up(folder: Path, *, workers: int = WORKERS, max_streams: int | None = 
              "--worker-id-prefix", "burst-worker"],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env,
             start_new_session=True, preexec_fn=die_with_parent)
+    keep_niceness(proc.pid)
     stack = UpStack(proc, folder, output)
     deadline = time.monotonic() + timeout_s
     try:

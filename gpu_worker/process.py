@@ -105,10 +105,21 @@ def launch_worker(args: Sequence[str], log_path: Path, *, env: dict[str, str] | 
                                 env={"VLLM_CPU_KVCACHE_SPACE": "1", **os.environ, **(env or {})})
     worker = WorkerProcess(f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{port}", proc, log_path)
     if niceness is None:
-        niceness = os.getpriority(os.PRIO_PROCESS, 0)
-    if niceness:  # at once: the process has its session (Popen returns after its exec), nothing forked yet
+        keep_niceness(proc.pid)
+    elif niceness:  # at once: the process has its session (Popen returns after its exec), nothing forked yet
         set_niceness(proc.pid, niceness)
     return worker
+
+
+def keep_niceness(leader: int) -> None:
+    """Give a child that leads a session of its own (``start_new_session``) its launcher's CPU
+    priority, its session's scheduling group included. Call it right after Popen returns. Where the
+    kernel groups tasks by session (autogroup), a new session's group starts at normal priority
+    whatever its processes' niceness, so a stack that a niced process starts (`voicering up` under
+    `nice`, the demo run in the background) would otherwise take an equal share of the CPU."""
+    niceness = os.getpriority(os.PRIO_PROCESS, 0)
+    if niceness:
+        set_niceness(leader, niceness)
 
 
 def set_niceness(leader: int, niceness: int) -> None:

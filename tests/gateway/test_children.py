@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -17,6 +18,8 @@ import psutil
 
 from voicering.stack.children import Child, ChildSpec
 from voicering.stack.supervisor import RestartPolicy, Supervisor
+
+REPO = Path(__file__).resolve().parents[2]
 
 # argv: the events file. The grandchild notes its SIGTERM; the child, on SIGTERM, notes it, waits a
 # second (a drain: long enough that a group-wide signal would already have reached the
@@ -139,3 +142,36 @@ async def test_a_child_restarted_by_the_supervisor_first_loses_what_it_left_in_i
         await supervisor.stop()
         if first is not None and not gone(first):  # a failed test's orphan
             os.kill(first, signal.SIGKILL)
+
+
+# `voicering up` under `nice`: it starts one child (a sleeper) and prints the child's pid
+NICED_UP = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from voicering.stack.children import Child, ChildSpec
+    child = Child(ChildSpec("sleeper", ("-c", "import time; time.sleep(120)"), launcher=(sys.executable,)),
+                  Path(sys.argv[1]))
+    child.start()
+    print(child.proc.pid, flush=True)
+    sys.stdin.read()
+    child.proc.kill()
+    child.proc.wait()
+""")
+
+
+def test_a_child_keeps_the_priority_of_a_niced_up_its_session_s_group_included(tmp_path):
+    """Each child leads a session of its own, and where the kernel groups tasks by session
+    (autogroup) a new session's group starts at normal priority whatever its processes' niceness:
+    a niced `up` (the suite's demo run in the background) would otherwise take an equal share of
+    the CPU beside everything else."""
+    up = subprocess.Popen(["nice", "-n", "7", sys.executable, "-c", NICED_UP, str(tmp_path)], cwd=REPO,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(up.stdout.readline())
+        assert os.getpriority(os.PRIO_PROCESS, pid) == 7 and os.getsid(pid) == pid
+        autogroup = Path(f"/proc/{pid}/autogroup")
+        if autogroup.exists():  # "/autogroup-123 nice 7" (a kernel with autogroup, as this one and CI's)
+            assert autogroup.read_text().split()[-1] == "7", autogroup.read_text()
+    finally:
+        up.stdin.close()
+        up.wait(timeout=60)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from gpu_worker.process import keep_niceness
 from hashring.embedded import die_with_parent
 
 __all__ = ["Child", "ChildFailed", "ChildSpec", "StartInterrupted"]
@@ -87,6 +88,7 @@ class Child:
                 [*self.spec.launcher, *self.spec.args], stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **self.spec.env},
                 preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
+            keep_niceness(self.proc.pid)
 
     def log_tail(self, lines: int = 25) -> str:
         try:

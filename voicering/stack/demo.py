@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from gpu_worker.process import keep_niceness
 from voicering.stack.children import Child, ChildSpec
 from voicering.stack.folder import StackFolder, UpState
 from voicering.stack.settings import UpSettings
@@ -122,7 +123,9 @@ def _start_up(settings: UpSettings, log: Path) -> subprocess.Popen:
     if settings.model:
         args += ["--model", settings.model, "--codec", settings.codec]
     with open(log, "w") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        up = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    keep_niceness(up.pid)
+    return up
 
 
 def _wait_ready(up: subprocess.Popen, folder: StackFolder, log: Path, timeout_s: float) -> UpState:
