@@ -99,7 +99,7 @@ def test_a_module_whose_workers_all_come_from_its_commands_runs_after_the_stretc
     demo = ModulePlan("demo", (), 0, (Command("demo", ("true",), timeout_s=10, workers=2),))
     spec = ModulePlan("spec", (SMALL,), 0)
     modules = [ModulePlan("a", (), 0), demo, ModulePlan("b", (), 0), spec, ModulePlan("c", (), 0)]
-    assert [m.path for m in running_order(modules)] == ["a", "b", "demo", "spec", "c"]
+    assert [m.path for m in running_order(modules)] == ["a", "b", "demo", "c", "spec"]  # spec: the rule below
     # a module with commands of its own stops it (one command at a time: its own starts ahead there)
     bench = ModulePlan("bench", (), 0, (CODEC,))
     assert [m.path for m in running_order([demo, ModulePlan("b", (), 0), bench, ModulePlan("c", (), 0)])] == [
@@ -117,6 +117,20 @@ def test_a_module_with_foreground_workers_on_the_way_moves_to_the_stretch_s_star
     # the stretch begins after "up" (no room beside its two): "faults" runs there, the demo runs
     # ahead from its end until "spec", which needs a slot of its own too
     assert [m.path for m in running_order(modules)] == ["up", "faults", "a", "b", "c", "demo", "spec"]
+
+
+def test_a_module_of_specs_runs_after_the_modules_of_its_folder_that_need_no_worker():
+    entry_owner = ModulePlan("w/relay", (ENTRY, OWNER), 0)
+    share = ModulePlan("w/share", (SMALL,), 0)
+    modules = [ModulePlan("w/routing", (SMALL,), 0), entry_owner, ModulePlan("w/server", (), 0), share,
+               ModulePlan("w/text", (), 0), ModulePlan("w/words", (), 0), ModulePlan("x/ring", (), 0)]
+    # relay's two start while server runs, not only once routing gave its slot back; share's one
+    # while text and words run; nothing crosses into another folder or past a module with workers
+    assert [m.path for m in running_order(modules)] == [
+        "w/routing", "w/server", "w/relay", "w/text", "w/words", "w/share", "x/ring"]
+    kept = [ModulePlan("w/a", (SMALL,), 1), ModulePlan("w/b", (), 0), ModulePlan("w/c", (SMALL,), 0, (CODEC,)),
+            ModulePlan("w/d", (), 0)]
+    assert running_order(kept) == kept  # workers of its own, or a command: it stays
 
 
 def test_a_command_s_out_and_ports_are_filled_as_its_run_starts():
