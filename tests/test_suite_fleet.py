@@ -110,13 +110,13 @@ def test_a_module_whose_workers_all_come_from_its_commands_runs_after_the_stretc
     assert running_order(fixed) == fixed
 
 
-def test_a_module_with_foreground_workers_on_the_way_moves_to_the_stretch_s_start():
+def test_a_module_with_foreground_workers_on_the_way_runs_right_after_it():
     demo = ModulePlan("demo", (), 0, (Command("demo", ("true",), timeout_s=10, workers=2),))
     modules = [ModulePlan("up", (), 2), ModulePlan("a", (), 0), demo, ModulePlan("b", (), 0),
                ModulePlan("faults", (), 1), ModulePlan("c", (), 0), ModulePlan("spec", (SMALL,), 0)]
-    # the stretch begins after "up" (no room beside its two): "faults" runs there, the demo runs
-    # ahead from its end until "spec", which needs a slot of its own too
-    assert [m.path for m in running_order(modules)] == ["up", "faults", "a", "b", "c", "demo", "spec"]
+    # the demo's run starts ahead once "up" is over and runs through a, b and c; "faults" (no room
+    # beside the run) comes after it, then "spec", which needs a slot of its own too
+    assert [m.path for m in running_order(modules)] == ["up", "a", "b", "c", "demo", "faults", "spec"]
 
 
 def test_a_module_of_specs_runs_after_the_modules_of_its_folder_that_need_no_worker():
