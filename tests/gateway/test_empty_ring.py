@@ -48,11 +48,24 @@ async def test_a_stream_start_on_an_empty_ring_gets_a_retryable_error(lonely_gat
     async with connect(f"{lonely_gateway.ws_url}/v1/tts/stream", additional_headers=auth(key)) as ws:
         await ws.send(json.dumps({"type": "start", "context_id": "c1", "voice": "tara", "text": "Anyone?"}))
         await ws.send(json.dumps({"type": "end", "context_id": "c1"}))
-        message = json.loads(await asyncio.wait_for(ws.recv(), ANSWER_S))
+        message = await answer_to(ws, "c1")
         assert message["type"] == "error" and message["context_id"] == "c1", message
         assert message["retryable"] is True and message["code"] in ("no_worker", "no_worker_available"), message
         # the connection lives on: a second context gets its own answer
         await ws.send(json.dumps({"type": "start", "context_id": "c2", "voice": "leo", "text": "Hello?"}))
         await ws.send(json.dumps({"type": "end", "context_id": "c2"}))
-        second = json.loads(await asyncio.wait_for(ws.recv(), ANSWER_S))
+        second = await answer_to(ws, "c2")
         assert second["type"] == "error" and second["context_id"] == "c2" and second["retryable"] is True
+
+
+async def answer_to(ws, context_id: str) -> dict:
+    """The next `error` for ``context_id``. Before it may come the `rejected` of an earlier
+    context's `end`: a context whose start failed is over, and an `end` the gateway reads only
+    after that (a loaded box) names no open context; it had no effect, and says so."""
+    while True:
+        message = json.loads(await asyncio.wait_for(ws.recv(), ANSWER_S))
+        if message["type"] == "rejected":
+            assert message["message_type"] == "end" and message["context_id"] != context_id, message
+            assert "no open context has this id" in message["message"], message
+            continue
+        return message

@@ -115,8 +115,19 @@ async def clone_form(page, name: str, files: list[Path], manifest: Path | None =
 
 
 async def upload_from_page(page) -> None:
-    await page.evaluate("document.getElementById('clone-upload').click()")
-    await page.wait_for("document.getElementById('clone-upload').disabled", timeout_s=10)
+    """Click Upload and wait for its answer. The button is disabled while the upload is in flight;
+    a refusal can come and go between two polls of a loaded box (the page answered a 429 and
+    enabled the button again while the test still waited to see it disabled: seen beside two CPU
+    burners), so an observer notes the moment it was disabled at all."""
+    await page.evaluate("""(() => {
+        const button = document.getElementById('clone-upload');
+        window.uploadWasSent = false;
+        new MutationObserver((records, observer) => {
+            if (records.some(r => r.oldValue === null)) { window.uploadWasSent = true; observer.disconnect(); }
+        }).observe(button, {attributes: true, attributeFilter: ['disabled'], attributeOldValue: true});
+        button.click();
+    })()""")
+    await page.wait_for("window.uploadWasSent", timeout_s=10)
     await page.wait_for("!document.getElementById('clone-upload').disabled", timeout_s=120)  # answered
 
 
