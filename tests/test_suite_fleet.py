@@ -1,13 +1,14 @@
 """The rule by which the suite starts a module's workers and commands ahead of it
 (tests/fixtures/fleet.py): never more than three workers alive, the session worker's slot always
-kept, one command in the background at a time."""
+kept, one command in the background at a time; and the order its modules run in, which gives
+those starts room (`running_order`)."""
 
 from __future__ import annotations
 
-import pytest
-
 import re
 from pathlib import Path
+
+import pytest
 
 from hashring.ports import ephemeral_range
 from tests.fixtures.fleet import MAX_WORKERS, Ahead, Command, ModulePlan, WorkerSpec, _filled, ahead_of_need, running_order
