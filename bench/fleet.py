@@ -219,7 +219,8 @@ async def measure(workers: Mapping[str, object], redis_url: str, prefix: str, *,
                 WorkerPool(RingRouter(watcher, settings, rng=random.Random(seed * 100 + g)))))
         for watcher in watchers:  # exactly these workers (a stopped one's record outlives it by heartbeat_ttl_s)
             await watcher.wait_for(lambda v: {n.id for n in v.ring.nodes} == set(workers), timeout=60)
-        await asyncio.sleep(2 * settings.refresh_interval_s + 0.5)  # every worker's own view has all three too
+        for handle in workers.values():  # every worker's own view holds all of them too
+            await handle.wait_ring_view(len(workers))
 
         def replicas(voice: str) -> int:
             return place(watchers[0].view, voice, settings).replicas

@@ -51,6 +51,17 @@ class WorkerProcess:
             assert time.monotonic() < deadline, f"worker still busy: {health}"
             await asyncio.sleep(0.2)
 
+    async def wait_ring_view(self, workers: int, timeout: float = 60.0) -> dict:
+        """Poll /health until this worker's own ring view holds ``workers`` workers: until then it
+        may relay a start that placement gives it to an owner it thinks it is not."""
+        deadline = time.monotonic() + timeout
+        while True:
+            health = await asyncio.to_thread(self.health)
+            if health.get("ring_workers") == workers:
+                return health
+            assert time.monotonic() < deadline, f"worker's ring view never held {workers} workers: {health}"
+            await asyncio.sleep(0.1)
+
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 

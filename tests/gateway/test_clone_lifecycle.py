@@ -395,8 +395,10 @@ async def test_malformed_clone_records_are_skipped_and_the_watcher_goes_on(clone
     await clones.redis.hset(clones.clones_key, mapping={
         "clone-garbage": "{not json", "clone-wrong-types": json.dumps({"job_id": 7, "tenant_id": None}),
         "clone-deep": "[" * 100_000})
-    time.sleep(1.5)  # a few watcher rounds over them
-    clones.queue.cancel(job)  # an operator cancels the good one: the watcher must still settle it
+    skipped = [f"clone record 'clone-{name}'" for name in ("garbage", "wrong-types", "deep")]
+    wait_for(lambda: all(line in clones.process.log_path.read_text() for line in skipped), SETTLE_S,
+             "the watcher to skip the malformed records", clones.process.log_tail)  # a round went over them
+    clones.queue.cancel(job)  # an operator cancels the good one: the watcher must still settle it (a later round)
     voice = wait_for(lambda: (v := api.get("/v1/voices/steady").json())["state"] == "failed" and v, SETTLE_S,
                      "the watcher to settle the good clone", clones.process.log_tail)
     assert voice["reason"] == CANCELLED_REASON

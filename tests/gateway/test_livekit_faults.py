@@ -51,12 +51,13 @@ def extra_worker(worker, stand_in, adapter_store, redis_server, tmp_path_factory
 
 
 @pytest.fixture
-async def owned(extra_worker, redis_url):
+async def owned(worker, extra_worker, redis_url):
     """A voice whose only owner is the extra worker, once both workers see both in the ring."""
     settings = ring_settings(redis_url)
     async with RingStore(settings) as store, RingWatcher(store) as watcher:
         await watcher.wait_for(lambda v: {"worker-a", EXTRA} <= set(v.loads), timeout=30)
-        await asyncio.sleep(2 * settings.refresh_interval_s + 0.5)  # both workers' own watchers see both too
+        for handle in (worker, extra_worker):  # both workers' own watchers see both too
+            await handle.wait_ring_view(len(watcher.view.ring))
         yield next(v for v in VOICES if place(watcher.view, v, settings).owners == (EXTRA,))
         # leave the ring as this module found it: the killed worker is out of every view
         await watcher.wait_for(lambda v: EXTRA not in v.ring or extra_worker.proc.poll() is None, timeout=30)

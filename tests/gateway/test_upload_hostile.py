@@ -90,6 +90,18 @@ async def post_voice(http: httpx.AsyncClient, gateway, key: str, name: str, file
                            files=parts)
 
 
+async def checked(http: httpx.AsyncClient, gateway, key: str, name: str, files: list[tuple[str, bytes]]):
+    """`post_voice`, sent again after its Retry-After while the gateway answers 503 `unavailable`, as a
+    client does: on a box loaded past its cores (two CPU burners) a Redis call of the upload's can run
+    past the gateway's 1 s clock. The answer of the upload's checks, or the third 503."""
+    for _ in range(3):
+        response = await post_voice(http, gateway, key, name, files)
+        if response.status_code != 503 or response.json()["error"]["code"] != "unavailable":
+            break
+        await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
+    return response
+
+
 def error_of(response: httpx.Response, status: int) -> dict:
     assert response.status_code == status, response.text
     return response.json()["error"]
@@ -223,8 +235,8 @@ async def test_two_at_once_while_another_tenant_speaks(gateway, new_tenant, host
     async with httpx.AsyncClient(timeout=180) as http:
         reference = await speak(http, gateway, victim)
         watch = PeakRss(gateway.proc.pid).start()
-        refused = asyncio.gather(post_voice(http, gateway, first, "v", [("hours.m4a", hostile["hours.m4a"])]),
-                                 post_voice(http, gateway, second, "v", [("hours.mkv", hostile["hours.mkv"])]))
+        refused = asyncio.gather(checked(http, gateway, first, "v", [("hours.m4a", hostile["hours.m4a"])]),
+                                 checked(http, gateway, second, "v", [("hours.mkv", hostile["hours.mkv"])]))
         spoken = await speak(http, gateway, victim)
         answers = await refused
         growth = watch.stop()

@@ -370,7 +370,7 @@ async def test_the_fleet_bench_s_short_run_relays_no_placed_request_and_loses_no
     assert not set(FLEET_VOICES) & set(VOICES)  # its voices are not this module's
     # a burst of 6, not the fleet's 24: the smoke runs the stage (the 24 took ~35 s here, two of them
     # timed out at the pools' 30 s on 2 cores: the full bench's burst_served_fraction says so)
-    figures = await measure(cluster, redis_server.url, CLUSTER_PREFIX, run_s=8.0, warmup_s=2.0, streams=6,
+    figures = await measure(cluster, redis_server.url, CLUSTER_PREFIX, run_s=5.0, warmup_s=1.0, streams=6,
                             burst_size=6)
     for key in ("requests", "needless_hops", "spill_fraction", "pool_spill_fraction", "busiest_over_mean",
                 "refusals_per_request", "insisted_per_request", "worker_refusals_per_request", "lost_contexts",
