@@ -55,7 +55,8 @@ class WordTimer:
         self._loudest = -120.0
         self._since_check = 0
         self._sent = 0  # words timed so far (always the first ones)
-        self._floor = 0.0  # the last timed word's start: no later word starts before it
+        self._floor = 0.0  # the last timed word's end: no later word starts before it (none overlap)
+        self._last_start = 0.0  # the last timed word's start: the warping keeps columns from before it
         self.samples = 0
 
     def push(self, pcm: np.ndarray) -> list[WordTime]:
@@ -97,10 +98,11 @@ class WordTimer:
             start_frame = self._voiced_from(start_frame, end_frame)
             start = max(self._floor, start_frame * HOP_S)
             stop = max(start, end_frame * HOP_S)
-            out.append(WordTime(i, round(float(start), 3), round(float(stop), 3)))
-            self._floor = start
+            start, stop = round(float(start), 3), round(float(stop), 3)
+            out.append(WordTime(i, start, stop))
+            self._floor, self._last_start = stop, start
         self._sent = upto
-        self._dtw.forget_before(int(self._floor / HOP_S) - _SLACK_FRAMES)
+        self._dtw.forget_before(int(self._last_start / HOP_S) - _SLACK_FRAMES)
         return out
 
     def _voiced_from(self, start: int, end: int) -> int:
@@ -119,6 +121,8 @@ class WordTimer:
         for i in range(self._sent, ref.count):
             start = float(max(self._floor, ref.starts[i] * HOP_S * scale))
             end = float(max(start, ref.ends[i] * HOP_S * scale))
-            out.append(WordTime(i, round(start, 3), round(end, 3), estimated=True))
+            start, end = round(start, 3), round(end, 3)
+            out.append(WordTime(i, start, end, estimated=True))
+            self._floor = end
         self._sent = ref.count
         return out

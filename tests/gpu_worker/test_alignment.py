@@ -104,6 +104,19 @@ def test_words_are_timed_while_the_audio_streams_once_each_in_order_and_close_to
     assert np.median(errors) < 0.04 and errors.max() < 0.25, errors
 
 
+@pytest.mark.parametrize("voice, wpm", [("en+f3", 150), ("en-us+m3", 190), ("en+m1", 120)])
+def test_no_word_starts_before_the_one_before_it_ends(espeak, checks, voice, wpm):
+    """A caption lights the word whose times hold the playing position: two words overlapping by a
+    frame lit two at once (the web page's caption beside CPU burners; aligned at 10 ms hops, each
+    word's start was floored at the last word's start only, so it could fall inside its end)."""
+    text = "The birch canoe slid on the smooth planks. Glue the sheet to the dark blue background."
+    pcm, _ = speech(espeak, text, voice, wpm)
+    early, final = stream(WordTimer(reference_for(text, espeak), RATE, check=checks.new(RATE)), pcm)
+    timed = early + final
+    assert [w.index for w in timed] == list(range(len(timed))) and not any(w.estimated for w in timed)
+    assert [(a.index, a.end_s, b.start_s) for a, b in zip(timed, timed[1:]) if b.start_s < a.end_s] == []
+
+
 def test_noise_gets_the_estimate_at_its_end_and_nothing_before(espeak, checks):
     text = "This line would be spoken by a real voice."
     ref = reference_for(text, espeak)
