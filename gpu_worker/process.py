@@ -43,24 +43,23 @@ class WorkerProcess:
 
     async def wait_idle(self, timeout: float = 30.0) -> dict:
         """Poll /health until no stream is active and the engine holds no request."""
-        deadline = time.monotonic() + timeout
-        while True:
-            health = await asyncio.to_thread(self.health)
-            if health["active_streams"] == 0 and health["engine_requests"] == 0:
-                return health
-            assert time.monotonic() < deadline, f"worker still busy: {health}"
-            await asyncio.sleep(0.2)
+        return await self._wait_health(lambda h: h["active_streams"] == 0 and h["engine_requests"] == 0,
+                                       timeout, "worker still busy", every_s=0.2)
 
     async def wait_ring_view(self, workers: int, timeout: float = 60.0) -> dict:
         """Poll /health until this worker's own ring view holds ``workers`` workers: until then it
         may relay a start that placement gives it to an owner it thinks it is not."""
+        return await self._wait_health(lambda h: h.get("ring_workers") == workers, timeout,
+                                       f"worker's ring view never held {workers} workers", every_s=0.1)
+
+    async def _wait_health(self, done, timeout: float, failure: str, every_s: float) -> dict:
         deadline = time.monotonic() + timeout
         while True:
             health = await asyncio.to_thread(self.health)
-            if health.get("ring_workers") == workers:
+            if done(health):
                 return health
-            assert time.monotonic() < deadline, f"worker's ring view never held {workers} workers: {health}"
-            await asyncio.sleep(0.1)
+            assert time.monotonic() < deadline, f"{failure}: {health}"
+            await asyncio.sleep(every_s)
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

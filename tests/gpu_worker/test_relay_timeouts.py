@@ -80,10 +80,7 @@ async def owned_alone_by(pair, redis_server, wid: str, members: int) -> str:
     ring = settings(redis_server)
     async with RingStore(ring) as store, RingWatcher(store) as watcher:
         view = await watcher.wait_for(lambda v: len(v.ring) == members and wid in v.ring, timeout=60)
-        deadline = time.monotonic() + 60
-        while (health := await asyncio.to_thread(pair[ENTRY].health))["ring_workers"] != members:
-            assert time.monotonic() < deadline, f"the entry never saw {members} workers: {health}"
-            await asyncio.sleep(0.2)
+        await pair[ENTRY].wait_ring_view(members, timeout=60)
         return next(v for v in VOICES if tuple(place(view, v, ring).owners) == (wid,))
 
 
