@@ -28,6 +28,17 @@ pytest_plugins = [
 ]
 
 
+def pytest_configure(config) -> None:
+    """torch in this process (the codec, sampling and training tests) on one intra-op thread, as a
+    worker keeps its codec (`gpu_worker.codec.set_cpu_threads`). With two, every parallel op waits
+    for both threads, and any other busy process on a 2-core box (the suite always has some) stalls
+    it: a codec test beside one CPU burner took 1.93 s on two threads, 0.46 s on one (0.42 s idle);
+    test_codec took 21-29 s instead of ~2 s in two whole runs of stop 52."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def pytest_collection_finish(session) -> None:
     """Freeze the heap that collection built (torch, vLLM, transformers, every test module: ~0.5 M
     objects that live all session). All async tests share one loop, and a gen-2 collection that walks
