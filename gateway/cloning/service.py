@@ -92,9 +92,11 @@ class Cloning:
         try:
             name = check_name(tenant, upload.name, self.base_voices)
             consent, consent_id = await self._consent(tenant, upload, name)
+            # undone even if registering raises: a call whose answer timed out may have written it, and a
+            # record left behind would refuse the client's retry as voice_exists (only this job's is removed)
+            undo.append(lambda: self._unregister(tenant, name, job_id))
             voice = await gw.tenants.register_voice(tenant, name, consent=consent, job_id=job_id, state="training",
                                                     note="queued for training")
-            undo.append(lambda: self._unregister(tenant, name, job_id))
             await gw.quotas.check_training_slot(tenant)
             data, asr = self.settings.clone_data, self.settings.clone_asr
             checked, _ = await gw.decodes.run(tenant.id, lambda check: (

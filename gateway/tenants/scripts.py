@@ -49,8 +49,12 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return redis.call('HGETALL', KEYS[1])
 """
 # KEYS: voices. ARGV: name, record JSON, max_voices. Check and insert in one step: no race past the limit.
+# The same record again is 'ok': a call whose answer timed out may have run, and the client sends it
+# again (`connect_redis`'s one retry); this very write must not then be refused as taken.
 REGISTER_VOICE: Final = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 'exists' end
+local kept = redis.call('HGET', KEYS[1], ARGV[1])
+if kept == ARGV[2] then return 'ok' end
+if kept then return 'exists' end
 if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 'full' end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 'ok'
