@@ -376,6 +376,10 @@ class CloneWatcher:
             status = await self._reconciled(record, status)
             if not status.terminal:
                 return
+        if status is not None and await asyncio.to_thread(gw.jobs.holder, record.job_id):
+            # stopped, and its trainer still letting go (it writes the last state, cleans up, then
+            # releases the lock): the job's records cannot be deleted yet; finished next round
+            return
         if await asyncio.to_thread(remove_adapter, gw.settings.voices_dir, record.voice_id, job_id=record.job_id):
             log.info("removed voice %s, published by job %s after its voice was deleted", record.voice_id,
                      record.job_id)

@@ -299,6 +299,47 @@ async def test_a_settled_voice_s_job_records_go_with_its_delete(clones, upload):
     assert clones.queue.spec(job) is None and not (clones.uploads / tenant.id).exists()
 
 
+async def test_a_deleted_voice_s_job_records_go_once_its_trainer_lets_go(redis_server, tmp_path):
+    """A trainer writes a stopped job's last state, cleans up, then releases the job's lock, and the
+    job's records cannot be deleted while it holds the lock. A watcher round between the two (30 ms
+    apart in a whole run) finished the deleted voice's clone and left the records to the trainers'
+    trim (`job_record_keep_s`); now that round waits, and the round after the release deletes them.
+    In this process on the session Redis: a gateway's parts, its watcher's rounds run by hand, a
+    trainer's queue calls made by hand."""
+    from gateway.api.state import open_gateway
+    from gateway.cloning import Cloning
+    from gateway.cloning.records import CloneIndex, CloneRecord
+    from gateway.cloning.watcher import CloneWatcher
+    from gateway.settings import GatewaySettings
+    from lora_training.pipeline import JobSpec
+
+    tenant_prefix, train_prefix = f"test:letgo:{uuid.uuid4().hex[:8]}", f"test-letgo-{uuid.uuid4().hex[:8]}"
+    settings = GatewaySettings(redis_url=redis_server.url, tenant_prefix=tenant_prefix, train_prefix=train_prefix,
+                               workers=("ws://127.0.0.1:9",), uploads_dir=tmp_path / "uploads",
+                               voices_dir=tmp_path / "voices", metrics_port=None)
+    async with open_gateway(settings) as gw:
+        tenant, _ = await gw.tenants.create(f"t{uuid.uuid4().hex[:12]}", policy=TenantPolicy(consent="statement"))
+        spec = JobSpec(name="letgo", tenant=tenant.id, audio=[tmp_path / "take.wav"])
+        await gw.tenants.register_voice(tenant, "letgo", consent=CONSENT, job_id=spec.job_id, state="training")
+        gw.jobs.submit(spec)
+        CloneIndex(gw.jobs.redis, f"{tenant_prefix}:clones").put(
+            CloneRecord(spec.job_id, tenant.id, "letgo", spec.voice_id, time.time()))
+        delivery = gw.jobs.next("hand-trainer", block_ms=1000, claim_idle_ms=3_600_000)
+        assert delivery is not None and gw.jobs.acquire(spec.job_id, "hand-trainer:1", 60_000)
+        gw.jobs.update(spec.job_id, token="hand-trainer:1", state="training", step=1)
+        async with CloneWatcher(gw, poll_s=3600.0) as watcher:  # its first round runs now; the rest by hand
+            await Cloning(gw).delete(tenant, "letgo")  # the job runs on, asked to stop
+            gw.jobs.finish(delivery, "hand-trainer:1", state="cancelled", message="cancelled at step 1")
+            for _ in range(2):  # stopped, its lock still held (the trainer is cleaning up): rounds pass
+                await watcher.tick()
+            assert gw.jobs.status(spec.job_id).state == "cancelled"  # its records are still there ...
+            assert watcher.cloning.index.get(spec.job_id) is not None  # ... and so is the clone to finish
+            gw.jobs.release(spec.job_id, "hand-trainer:1")
+            await watcher.tick()
+            assert gw.jobs.status(spec.job_id) is None  # gone with its voice, not left to the trim
+            assert watcher.cloning.index.get(spec.job_id) is None
+
+
 # -- what a watcher keeps of a clone another gateway settles --------------------------------------
 
 
