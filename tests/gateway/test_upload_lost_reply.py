@@ -12,24 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
-import numpy as np
 import pytest
 
 from gateway.tenants import Tenants, VoiceNotFound, connect_redis
 from tests.fixtures.gateway import GATEWAY_TENANT_PREFIX, start_gateway
+from tests.gateway.test_upload_hostile import CONSENT, garbage, post_voice
 
 pytestmark = pytest.mark.timeout(180)
 
 NAME = "late-answer"  # the first Redis command carrying it is the voice's registration
 REDIS_TIMEOUT_S = 1.0  # the gateway's clock for one Redis call (its default)
 HOLD_S = 3 * REDIS_TIMEOUT_S
-CONSENT = "I, the speaker in these recordings, agree that this account may train and serve a clone of my voice."
 
 
 @dataclass
@@ -88,15 +86,6 @@ async def late_answers(redis_port: int, marker: bytes, holds: int) -> AsyncItera
         await asyncio.gather(*pumps, return_exceptions=True)
 
 
-async def post_voice(http: httpx.AsyncClient, url: str, key: str) -> httpx.Response:
-    take = np.random.default_rng(5).bytes(20_000)  # not audio: the checks refuse it once they run
-    return await http.post(f"{url}/v1/voices", headers={"Authorization": f"Bearer {key}"},
-                           data={"name": NAME, "consent": CONSENT},
-                           files=[("files", ("take.wav", take, "application/octet-stream")),
-                                  ("transcripts", ("t.json", json.dumps({"take.wav": "Hi."}).encode(),
-                                                   "application/json"))])
-
-
 @pytest.mark.parametrize("holds", [1, 2], ids=["the-resend-answered", "both-answers-late"])
 async def test_a_registration_answered_too_late_never_refuses_the_upload_or_its_retry(holds, redis_server, new_tenant,
                                                                                      tmp_path):
@@ -119,14 +108,14 @@ async def test_a_registration_answered_too_late_never_refuses_the_upload_or_its_
                 "VOICERING_GATEWAY_TRAIN_PREFIX": f"test:train:{uuid.uuid4().hex[:8]}"})
             try:
                 async with httpx.AsyncClient(timeout=60) as http:
-                    answer = await post_voice(http, gateway.url, key)
+                    answer = await post_voice(http, gateway, key, NAME, [garbage()])  # not audio
                     assert proxy.held == holds, gateway.log_tail()
                     if holds == 2:
                         assert answer.status_code == 503, answer.text
                         assert answer.json()["error"]["code"] == "unavailable", answer.text
                         with pytest.raises(VoiceNotFound):  # nothing of it is left to refuse the retry
                             await registry.voice(tenant, NAME)
-                        answer = await post_voice(http, gateway.url, key)  # the retry (no hold left)
+                        answer = await post_voice(http, gateway, key, NAME, [garbage()])  # the retry
             finally:
                 await asyncio.to_thread(gateway.stop)
         assert answer.status_code == 400, answer.text  # not 409 voice_exists: its own registration

@@ -19,6 +19,7 @@ from gpu_worker.adapters import publish_adapter
 from gpu_worker.client import WorkerClient, WorkerRequestError
 from gpu_worker.protocol import PROTOCOL_HEADER, ContextOptions
 from tests.fixtures.fleet import WorkerSpec
+from tests.fixtures.probes import metric_samples
 
 # a reader of this module that stalls this long is cut: long enough that the pytest process, starved
 # beside two CPU burners, never is (1 s was not), short enough to wait out in the slow-consumer test
@@ -79,7 +80,7 @@ async def test_a_consumer_that_stops_reading_is_cut_and_others_keep_going(small_
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", int(small_worker.url.rsplit(":", 1)[1])))
-    before = await asyncio.to_thread(_metrics, small_worker)
+    before = metric_samples(await asyncio.to_thread(_metrics, small_worker))
     stalled = await connect(small_worker.url, sock=sock, max_queue=1, open_timeout=10)
     await stalled.send(json.dumps({"type": "start", "context_id": "stall", "voice": "tara", "text": "I will not listen.",
                                    "options": {"max_tokens": 4000, "seed": 3}}))
@@ -102,10 +103,10 @@ async def test_a_consumer_that_stops_reading_is_cut_and_others_keep_going(small_
     assert closed.value.rcvd is None or (closed.value.rcvd.code, closed.value.rcvd.reason) == (
         1008, "slow consumer: client stopped reading")  # None: even the close frame could not be written
     await small_worker.wait_idle()
-    after = await asyncio.to_thread(_metrics, small_worker)
-    for series in ('voicering_worker_rejected_total{reason="slow_consumer"}',
-                   'voicering_worker_contexts_total{outcome="slow_consumer"}'):
-        assert _value(after, series) == _value(before, series) + 1, series  # this one cut, whatever came before
+    after = metric_samples(await asyncio.to_thread(_metrics, small_worker))
+    for series in (("voicering_worker_rejected_total", (("reason", "slow_consumer"),)),
+                   ("voicering_worker_contexts_total", (("outcome", "slow_consumer"),))):
+        assert after.get(series, 0.0) == before.get(series, 0.0) + 1, series  # this one cut, whatever came before
 
 
 async def drain(stream) -> None:
@@ -118,11 +119,6 @@ def _metrics(worker) -> str:
 
     with urllib.request.urlopen(f"{worker.http}/metrics", timeout=10) as resp:
         return resp.read().decode()
-
-
-def _value(metrics: str, series: str) -> float:
-    """A series' value in a Prometheus text page; 0 while it has none (a counter not yet counted)."""
-    return next((float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(series + " ")), 0.0)
 
 
 async def test_voice_evicted_from_the_engine_cache_is_reloaded_and_served_identically(small_worker, adapter_store, tmp_path):
