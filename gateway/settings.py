@@ -100,6 +100,9 @@ class GatewaySettings(BaseSettings):
     voices_dir: Path = Field(Path("var/voices"), description="the adapter store the trainers publish into and "
                              "the workers read (deleting a voice removes its adapter here)")
     train_prefix: str = Field("voicering:train", min_length=1, description="Redis prefix of the training queue")
+    train_timeout_s: float = Field(30.0, gt=0, description="longest one call to the training queue may take (an "
+                                   "upload whose submit is not answered in it gets 503 "
+                                   "training_queue_unavailable, and its job is withdrawn)")
     # what one upload may take of this process while it is received and checked (POST /v1/voices)
     max_concurrent_decodes: int = Field(4, ge=1, description="upload checks decoding audio at once in this gateway "
                                         "process; an upload past it is refused (503 decodes_busy, Retry-After)")

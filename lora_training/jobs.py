@@ -245,10 +245,12 @@ class JobQueue:
         self._claim_cursor = "0-0"  # where the next XAUTOCLAIM scan of the pending list starts
 
     @classmethod
-    def connect(cls, url: str, prefix: str = "voicering:train") -> JobQueue:
+    def connect(cls, url: str, prefix: str = "voicering:train", *, timeout_s: float = 30.0) -> JobQueue:
+        """A queue on its own client; ``timeout_s``: the clock on one answer (a call whose answer does
+        not come in it fails with InfrastructureError, and redis-py does not send it again)."""
         from hashring.redis_client import sync_client
 
-        return cls(sync_client(url, decode_responses=True, socket_timeout=30), prefix)
+        return cls(sync_client(url, decode_responses=True, socket_timeout=timeout_s), prefix)
 
     def close(self) -> None:
         self.redis.close()
@@ -308,6 +310,13 @@ class JobQueue:
         with _mapped("cancelling a job"):
             self._cancel(keys=[self.job_key(job_id), self.lock_key(job_id)], args=[time.time(), *sorted(TERMINAL)])
         return self.status(job_id)
+
+    def withdraw(self, job_id: str) -> bool:
+        """Take back a submission its caller gave up on (its answer lost: the job may be queued all
+        the same): a queued job is cancelled and its records deleted; one a trainer holds is asked to
+        stop, and its records go with the trim once it has. True when nothing of the job is left."""
+        self.cancel(job_id)
+        return self.delete(job_id)
 
     def reconcile(self, job_id: str, state: str, *, message: str, error_code: str = "",
                   error: str = "") -> JobStatus | None:

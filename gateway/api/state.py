@@ -93,7 +93,7 @@ async def open_gateway(settings: GatewaySettings) -> AsyncIterator[Gateway]:
             # listed by `voicering status` (a static gateway, pinned to its --worker list, is not in the fleet)
             await stack.enter_async_context(Announcer(ring.store, "gateway", default_id(settings.port),
                                                       address=f"{settings.host}:{settings.port}"))
-        jobs = JobQueue.connect(redis_url, settings.train_prefix)
+        jobs = JobQueue.connect(redis_url, settings.train_prefix, timeout_s=settings.train_timeout_s)
         stack.callback(jobs.close)
         catalog = Catalog(tenants, settings.base_voices, cache_s=settings.auth_cache_s)
         decodes = DecodePool(settings.max_concurrent_decodes, settings.max_decodes_per_tenant)

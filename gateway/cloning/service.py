@@ -124,6 +124,9 @@ class Cloning:
                            consent_audio=kept.consent_audio, consent_phrase=phrase.phrase if phrase else None)
             if spec.voice_id != voice.voice_id:  # the trainer publishes spec.voice_id; workers are asked for this one
                 raise RuntimeError(f"job voice id {spec.voice_id!r} != tenant voice id {voice.voice_id!r}")
+            # undone if the submit raises: a submit whose answer was lost may have queued the job, and
+            # a trainer would run it for an upload that was refused (only this upload's job id is taken back)
+            undo.append(lambda: asyncio.to_thread(gw.jobs.withdraw, job_id))
             status = await self._queue(gw.jobs.submit, spec)
         except BaseException:
             await asyncio.to_thread(self.uploads.discard, upload)
