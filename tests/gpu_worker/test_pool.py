@@ -197,7 +197,11 @@ async def test_routing_follows_placement_owners(worker, redis_url):
             assert pool.handshakes == 2  # one per worker id, reused by every later context
 
             await store.set_replicas("tara", 2)
-            await watcher.wait_for(lambda v: v.replicas.get("tara") == 2, timeout=10)
+            # and both ids' reports caught up with the streams above: a report of wa's sent while its
+            # tara stream was open, still the latest the watcher had, tied wa with wb's one open context
+            # (a whole run beside two CPU burners sent both contexts to wb)
+            await watcher.wait_for(lambda v: v.replicas.get("tara") == 2 and v.loads.get(a) == 0 == v.loads.get(b),
+                                   timeout=30)
             held = await pool.start("tara", "", options=fast())  # open, nothing to say yet
             assert held.worker_id in (a, b)  # two random choices among the owners, equal loads
             other = await pool.start("tara", "Spill over.", options=fast(2))
