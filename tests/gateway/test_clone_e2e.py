@@ -39,7 +39,7 @@ from lora_training.quality.speaker import WEIGHTS_SHA256
 from lora_training.report import STAND_IN_NOTE
 from tests.fixtures.gateway import start_gateway
 from tests.fixtures.models import REPO
-from tests.fixtures.speech import CREATOR_VOICE
+from tests.fixtures.speech import CREATOR_VOICE, upload_parts
 
 CONSENT = "I, the speaker in these recordings, agree that this account may train and serve a clone of my voice."
 CLIPS = 12  # ~25 s of espeak-ng speech
@@ -92,10 +92,7 @@ def trainer(stand_in, worker, redis_server, adapter_store, train_prefix, tmp_pat
 
 @pytest.fixture(scope="module")
 def upload(creator_corpus):
-    clips = creator_corpus[:CLIPS]
-    files = [("files", (c.path.name, c.path.read_bytes(), "audio/wav")) for c in clips]
-    manifest = json.dumps({c.path.name: c.transcript for c in clips}).encode()
-    return files + [("transcripts", ("transcripts.json", manifest, "application/json"))]
+    return upload_parts(creator_corpus[:CLIPS])
 
 
 def _spoken_consent(api, name: str, voice: str, folder) -> tuple[str, tuple]:

@@ -38,6 +38,7 @@ from gateway.tenants import TenantLimits, TenantPolicy, Tenants, connect_redis
 from lora_training.jobs import JobQueue
 from tests.fixtures.gateway import start_gateway
 from tests.fixtures.models import REPO
+from tests.fixtures.speech import upload_parts
 
 CONSENT = "I, the speaker in these recordings, agree that this account may train and serve a clone of my voice."
 WARMING_DEADLINE_S = 3.0
@@ -127,9 +128,7 @@ async def clones(redis_server, tmp_path):
 @pytest.fixture(scope="module")
 def upload(creator_corpus) -> list:
     """All 32 espeak-ng sentences (~65 s of speech, over the 60 s minimum) and their manifest."""
-    files = [("files", (c.path.name, c.path.read_bytes(), "audio/wav")) for c in creator_corpus]
-    manifest = json.dumps({c.path.name: c.transcript for c in creator_corpus}).encode()
-    return files + [("transcripts", ("transcripts.json", manifest, "application/json"))]
+    return upload_parts(creator_corpus)
 
 
 def post(api: httpx.Client, name: str, upload: list) -> httpx.Response:

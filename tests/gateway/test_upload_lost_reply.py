@@ -14,7 +14,6 @@ refused, and the job must be taken back with it."""
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 
 import httpx
@@ -25,6 +24,7 @@ from lora_training.jobs import JobQueue
 from lora_training.pipeline import JobSpec
 from tests.fixtures.gateway import GATEWAY_TENANT_PREFIX, start_gateway
 from tests.fixtures.late_redis import late_answers
+from tests.fixtures.speech import upload_parts
 from tests.gateway.test_upload_hostile import CONSENT, garbage, post_voice
 
 pytestmark = pytest.mark.timeout(180)
@@ -87,9 +87,7 @@ async def test_an_upload_whose_submit_was_answered_too_late_leaves_no_job_and_it
     queue.withdraw(queue.submit(JobSpec(name="warm-up", tenant=tenant.id, audio=[creator_corpus[0].path])).job_id)
     registry_redis = connect_redis(redis_server.url, timeout_s=5.0)
     registry = Tenants(registry_redis, GATEWAY_TENANT_PREFIX)
-    parts = [("files", (c.path.name, c.path.read_bytes(), "audio/wav")) for c in creator_corpus]
-    parts.append(("transcripts", ("transcripts.json", json.dumps(
-        {c.path.name: c.transcript for c in creator_corpus}).encode(), "application/json")))
+    parts = upload_parts(creator_corpus)
     (tmp_path / "voices").mkdir()
     try:
         # the submit is the only command that carries a job spec's upload checks
